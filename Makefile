@@ -1,0 +1,67 @@
+# make demo   - the main job end to end on the built-in sandbox host
+# make test   - lint, unit tests, Molecule (check -> converge -> idempotence -> verify), bad inputs
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+VENV := .venv
+BIN := $(CURDIR)/$(VENV)/bin
+export PATH := $(BIN):$(PATH)
+export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
+export ANSIBLE_HOME := $(CURDIR)/.ansible
+export ANSIBLE_FORCE_COLOR ?= 0
+STANDINS := build/standins
+PYTEST_UNIT := tests/unit
+
+.PHONY: help deps venv image standins sandbox demo demo-clean lint unit molecule integration test bench clean
+
+help:
+	@echo "make demo        provision and verify the sandbox host, print the fleet report"
+	@echo "make demo-clean  remove the sandbox container"
+	@echo "make test        lint + unit tests + Molecule default scenario + bad-input tests"
+
+deps:
+	tools/install-host-deps.sh
+
+$(VENV)/.installed: requirements.txt
+	python3 -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -r requirements.txt
+	touch $@
+
+venv: deps $(VENV)/.installed
+
+image: deps
+	tools/build-sandbox-image.sh
+
+standins: deps
+	python3 tests/fixtures/nvidia/build_standins.py --out $(STANDINS)
+
+sandbox: image
+	tools/sandbox.sh up
+
+demo: venv standins sandbox
+	$(BIN)/ansible-playbook site.yml -i inventories/sandbox
+	@echo
+	@cat reports/fleet-report.md
+
+demo-clean:
+	tools/sandbox.sh down
+
+lint: venv
+	$(BIN)/yamllint -s .
+	$(BIN)/ansible-lint
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+unit: venv standins
+	$(BIN)/pytest -q $(PYTEST_UNIT)
+
+molecule: venv standins image
+	cd $(CURDIR) && $(BIN)/molecule test -s default
+
+integration: venv standins image
+	$(BIN)/pytest -q tests/integration
+
+test: lint unit molecule integration
+
+clean:
+	rm -rf build reports .ansible

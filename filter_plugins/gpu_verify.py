@@ -1,0 +1,79 @@
+"""Filters that turn gpu_verify.py runs into the fleet report's input.
+
+``gpu_verify_result``: one ``ansible.builtin.command`` loop result of ``gpu_verify.py`` -> the JSON
+document it printed, or a failed document naming why there is none (the script crashed, the venv
+is missing, ...).
+
+``gpu_verify_collect``: every host of the play -> ``{host: document}`` (``host:stack`` when a host
+has several stacks), with a failed document for hosts that failed or were unreachable before
+verification, so that the report lists every host.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+
+def _failed(cause: str, fix: str, **extra: Any) -> dict:
+    return dict({"ok": False, "problems": [{"check": "run", "cause": cause, "fix": fix}]}, **extra)
+
+
+def gpu_verify_result(run: dict) -> dict:
+    """Parse one command result (``stdout``, ``stderr``, ``rc``, ``item``) of gpu_verify.py.
+
+    Returns the script's JSON document (a dict with ``ok`` and ``problems``); never raises.
+    """
+    stdout = (run.get("stdout") or "").strip()
+    if stdout:
+        try:
+            doc = json.loads(stdout)
+        except ValueError:
+            doc = None
+        if isinstance(doc, dict) and "ok" in doc:
+            return doc
+    stderr_tail = " ".join((run.get("stderr") or run.get("msg") or "").strip().splitlines()[-3:])
+    return _failed(
+        f"gpu_verify.py exited with rc {run.get('rc')} and printed no report: {stderr_tail}",
+        "Run it by hand on the host with the venv's python and --format table; check that the venv exists.",
+        rc=run.get("rc"),
+    )
+
+
+def gpu_verify_collect(all_hosts: list[str], hostvars: Any, alive_hosts: list[str]) -> dict:
+    """Gather ``__gpu_verify_results`` of every host.
+
+    Args:
+        all_hosts: ``ansible_play_hosts_all`` (every host the play started with).
+        hostvars: Ansible's ``hostvars``.
+        alive_hosts: ``ansible_play_hosts`` (hosts that have not failed).
+
+    Returns:
+        ``{name: document}``; ``name`` is the host, or ``host:stack`` for hosts with several stacks.
+    """
+    report: dict[str, dict] = {}
+    for host in all_hosts:
+        try:
+            results = hostvars[host]["__gpu_verify_results"]
+        except KeyError:
+            results = None
+        if not results:
+            report[host] = _failed(
+                "The host failed or was unreachable before verification ran.",
+                "See the first failed task of this host above; fix it and rerun.",
+                unreachable=host not in alive_hosts,
+            )
+            continue
+        if len(results) == 1:
+            report[host] = next(iter(results.values()))
+        else:
+            for stack, doc in results.items():
+                report[f"{host}:{stack}"] = doc
+    return report
+
+
+class FilterModule:
+    """gpu_verify filters."""
+
+    def filters(self) -> dict:
+        return {"gpu_verify_result": gpu_verify_result, "gpu_verify_collect": gpu_verify_collect}
