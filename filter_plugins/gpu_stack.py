@@ -204,7 +204,7 @@ def resolve_stack(pin: dict, matrix: dict, manifest: dict, host: dict) -> dict:
             "series": _series(cuda_version),
             "root": CUDA_ROOT_PREFIX + _series(cuda_version),
             "nvcc_version": entry.get("nvcc_version"),
-            "min_driver": str(min_driver) if min_driver else None,
+            "min_driver": matrix["cuda"][cuda_version]["min_driver"] if min_driver else None,
             "runfile": _artifact_record(runfile, entry),
         }
 

@@ -1,0 +1,416 @@
+#!/usr/bin/env python3
+"""Count the GPUs that ``nvidia-smi`` sees and compare with the inventory's expected count.
+
+Runs::
+
+    nvidia-smi --query-gpu=index,name,uuid,pci.bus_id,memory.total,driver_version \\
+               --format=csv,noheader,nounits
+
+Field meanings and the ``", "``-separated, unit-less format: reference
+``nvidia-tensorflow-facts.md`` section 6.1 (``nvidia-smi --help-query-gpu``); ``memory.total`` is
+MiB.  Exit statuses of nvidia-smi (6 = "A query to find an object was unsuccessful", 9 = "NVIDIA
+driver is not loaded", 15 = "The GPU has fallen off the bus", ...) come from the nvidia-smi(1) man
+page, section RETURN VALUE.
+
+When ``lspci`` is available, NVIDIA display/3D controllers on the PCI bus (``lspci -D -n -d
+10de:``, classes 0300 and 0302) are compared with nvidia-smi's bus IDs, so a GPU that is on the
+bus but invisible to the driver is named by its bus ID.
+
+Result (JSON on stdout)::
+
+    {"expected": 2, "seen": 2, "missing": 0, "extra": 0, "driver_version": "520.61.05",
+     "devices": [{"index": 0, "name": "...", "uuid": "GPU-...", "pci_bus_id": "00000000:17:00.0",
+                  "memory_total_mib": 81920}],
+     "pci_bus_ids": ["00000000:17:00.0", ...] or null, "missing_bus_ids": [...],
+     "ok": true, "error": null, "problems": []}
+
+Exit codes: 0 the count matches, 1 it does not (or nvidia-smi failed), 2 usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import re
+import subprocess
+import sys
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+from verify_common import EXIT_CHECK_FAILED, EXIT_OK, Problem, dumps, problem, tail
+
+QUERY_FIELDS = ("index", "name", "uuid", "pci.bus_id", "memory.total", "driver_version")
+
+# nvidia-smi(1), RETURN VALUE.
+NVIDIA_SMI_EXIT_MEANINGS = {
+    2: "a supplied argument or flag is invalid",
+    3: "the requested operation is not available on target device",
+    4: "the current user does not have permission to access this device",
+    6: "a query to find an object was unsuccessful (no GPU found)",
+    8: "a device's external power cables are not properly attached",
+    9: "NVIDIA driver is not loaded",
+    10: "NVIDIA kernel detected an interrupt issue with a GPU",
+    12: "NVML shared library couldn't be found or loaded",
+    13: "local version of NVML doesn't implement this function",
+    14: "infoROM is corrupted",
+    15: "the GPU has fallen off the bus or has otherwise become inaccessible",
+    255: "other error or internal driver error",
+}
+
+FIX_MISSING = (
+    "check `nvidia-smi -L` and `lspci -d 10de:`; a GPU on the bus but missing from nvidia-smi has "
+    "fallen off the bus (see `dmesg | grep -i xid`): reseat/reset it or lower "
+    "gpu_verify_expected_gpu_count in the inventory"
+)
+FIX_EXTRA = (
+    "the inventory is probably stale (GPUs were added or the host was replaced): raise "
+    "gpu_verify_expected_gpu_count for this host, or check CUDA_VISIBLE_DEVICES/MIG if fewer "
+    "were meant to be visible"
+)
+
+
+class CommandResult(NamedTuple):
+    """Outcome of running a command: ``rc`` is None when it could not be run or timed out."""
+
+    rc: int | None
+    stdout: str
+    stderr: str
+    error: str | None
+
+
+def build_command(nvidia_smi: str) -> list[str]:
+    """The nvidia-smi command line whose output :func:`parse_query_csv` reads."""
+    return [
+        nvidia_smi,
+        "--query-gpu=" + ",".join(QUERY_FIELDS),
+        "--format=csv,noheader,nounits",
+    ]
+
+
+def normalise_bus_id(bus_id: str) -> str:
+    """Write a PCI address in nvidia-smi's form ``DDDDDDDD:BB:DD.F`` (upper-case hex).
+
+    Accepts nvidia-smi's ``00000000:17:00.0`` and lspci's ``0000:17:00.0`` / ``17:00.0``.
+
+    Raises:
+        ValueError: the text is not a PCI address.
+    """
+    match = re.fullmatch(
+        r"(?:([0-9a-fA-F]{1,8}):)?([0-9a-fA-F]{1,2}):([0-9a-fA-F]{1,2})\.([0-7])",
+        bus_id.strip(),
+    )
+    if not match:
+        raise ValueError(f"not a PCI bus id: {bus_id!r}")
+    domain, bus, dev, fn = match.groups()
+    return f"{int(domain or '0', 16):08X}:{int(bus, 16):02X}:{int(dev, 16):02X}.{fn}"
+
+
+def _optional_int(text: str) -> int | None:
+    """``"81920"`` -> 81920; ``"[N/A]"``/``"[Not Supported]"`` -> None."""
+    try:
+        return int(float(text))
+    except ValueError:
+        return None
+
+
+def parse_query_csv(text: str) -> list[dict[str, Any]]:
+    """Parse the ``--query-gpu`` CSV (fields in :data:`QUERY_FIELDS` order) into device dicts.
+
+    Returns a list of ``{"index", "name", "uuid", "pci_bus_id", "memory_total_mib",
+    "driver_version"}``; ``memory_total_mib`` is MiB or None when nvidia-smi prints ``[N/A]``.
+    Blank lines are ignored; "No devices were found" yields an empty list.
+
+    Raises:
+        ValueError: a line does not have the expected number of fields or a bad index.
+    """
+    devices: list[dict[str, Any]] = []
+    lines = [line for line in text.splitlines() if line.strip()]
+    if any("no devices were found" in line.lower() for line in lines):
+        return devices
+    for row in csv.reader(lines, skipinitialspace=True):
+        if len(row) != len(QUERY_FIELDS):
+            raise ValueError(
+                f"unexpected nvidia-smi line (want {len(QUERY_FIELDS)} fields "
+                f"{','.join(QUERY_FIELDS)}): {', '.join(row)!r}"
+            )
+        index, name, uuid, bus_id, memory, driver = (field.strip() for field in row)
+        try:
+            index_number = int(index)
+        except ValueError:
+            raise ValueError(
+                f"unexpected GPU index {index!r} in nvidia-smi output"
+            ) from None
+        try:
+            bus_id = normalise_bus_id(bus_id)
+        except ValueError:
+            pass  # keep what nvidia-smi printed; it is still useful to a reader
+        devices.append(
+            {
+                "index": index_number,
+                "name": name,
+                "uuid": uuid,
+                "pci_bus_id": bus_id,
+                "memory_total_mib": _optional_int(memory),
+                "driver_version": driver,
+            }
+        )
+    return devices
+
+
+def parse_lspci(text: str) -> list[str]:
+    """Bus IDs of NVIDIA GPUs in ``lspci -D -n -d 10de:`` output.
+
+    Only display controllers (class 0300 VGA, 0302 3D) count: NVIDIA audio functions (0403) and
+    NVSwitches (0680) share the vendor ID but are not GPUs.  Bus IDs are in nvidia-smi's form.
+    """
+    bus_ids = []
+    pattern = re.compile(r"^(\S+)\s+(030[02]):\s+10de:[0-9a-fA-F]{4}", re.IGNORECASE)
+    for line in text.splitlines():
+        match = pattern.match(line.strip())
+        if match:
+            try:
+                bus_ids.append(normalise_bus_id(match.group(1)))
+            except ValueError:
+                continue
+    return sorted(bus_ids)
+
+
+def count_problem(
+    expected: int, seen: int, missing_bus_ids: Sequence[str] = ()
+) -> Problem | None:
+    """The problem for a count mismatch in either direction, or None when ``seen == expected``."""
+    if seen == expected:
+        return None
+    if seen < expected:
+        missing = expected - seen
+        cause = f"Expected {expected} GPUs, nvidia-smi sees {seen} ({missing} missing)."
+        if missing_bus_ids:
+            cause = cause[:-1] + (
+                f"; on the PCI bus but not in nvidia-smi: {', '.join(missing_bus_ids)}."
+            )
+        return problem("gpu_count", cause, FIX_MISSING)
+    extra = seen - expected
+    return problem(
+        "gpu_count",
+        f"Expected {expected} GPUs, nvidia-smi sees {seen} ({extra} more than the inventory says).",
+        FIX_EXTRA,
+    )
+
+
+def failure_problem(nvidia_smi: str, result: CommandResult, expected: int) -> Problem:
+    """Describe why nvidia-smi gave no usable answer (not found, timeout, non-zero exit)."""
+    if result.error == "not-found":
+        return problem(
+            "gpu_count",
+            f"nvidia-smi not found or not executable at {nvidia_smi!r}; no NVIDIA driver userspace "
+            "on this host.",
+            "install the driver (nvidia_driver role) or pass --nvidia-smi with the right path",
+        )
+    if result.error == "timeout":
+        return problem(
+            "gpu_count",
+            f"{nvidia_smi} did not answer in time; a GPU or the driver is hung.",
+            "check `dmesg | grep -i -e xid -e nvrm`, then reset the GPU (`nvidia-smi -r`) or reboot",
+        )
+    output = (result.stdout + result.stderr).strip()
+    meaning = NVIDIA_SMI_EXIT_MEANINGS.get(result.rc or 0, "unknown failure")
+    if result.rc == 6 or "no devices were found" in output.lower():
+        return problem(
+            "gpu_count",
+            f"Expected {expected} GPUs, nvidia-smi sees 0 ({expected} missing): "
+            f'"No devices were found" (exit {result.rc}).',
+            "the driver is installed but found no GPU: check `lspci -d 10de:` and "
+            "`dmesg | grep -i nvrm` (a GPU the driver does not support, or one that fell off the "
+            "bus), reseat/reset it or fix gpu_verify_expected_gpu_count",
+        )
+    if result.rc == 9:
+        fix = (
+            "load the kernel module (`modprobe nvidia`; see `dmesg | grep -i nvrm`), or reboot "
+            "after a driver install/upgrade; check that nouveau is blacklisted and Secure Boot "
+            "accepts the module"
+        )
+    elif result.rc == 15:
+        fix = "a GPU fell off the bus: check `dmesg | grep -i xid`, reset or reseat it, then reboot"
+    else:
+        fix = "run the same nvidia-smi command by hand and check `dmesg | grep -i nvrm`"
+    return problem(
+        "gpu_count",
+        f"nvidia-smi failed with exit {result.rc} ({meaning}): {tail(output, 300) or 'no output'}",
+        fix,
+    )
+
+
+def evaluate(
+    expected: int,
+    result: CommandResult,
+    nvidia_smi: str = "nvidia-smi",
+    pci_bus_ids: Sequence[str] | None = None,
+) -> dict[str, Any]:
+    """Turn nvidia-smi's answer into the result document (pure: no I/O).
+
+    Args:
+        expected: GPUs the inventory expects.
+        result: what running nvidia-smi gave.
+        nvidia_smi: the path used, for messages.
+        pci_bus_ids: NVIDIA GPU bus IDs seen by lspci, or None when lspci was not run.
+    """
+    doc: dict[str, Any] = {
+        "expected": expected,
+        "seen": 0,
+        "missing": expected,
+        "extra": 0,
+        "driver_version": None,
+        "devices": [],
+        "pci_bus_ids": list(pci_bus_ids) if pci_bus_ids is not None else None,
+        "missing_bus_ids": [],
+        "ok": False,
+        "error": None,
+        "problems": [],
+    }
+    no_devices = "no devices were found" in (result.stdout + result.stderr).lower()
+    if expected == 0 and (no_devices or result.rc == 6):
+        doc["ok"] = True
+        return doc
+    if result.rc != 0 or no_devices:
+        found = failure_problem(nvidia_smi, result, expected)
+        doc["error"] = found["cause"]
+        doc["problems"].append(found)
+        if pci_bus_ids:
+            doc["missing_bus_ids"] = sorted(pci_bus_ids)
+        return doc
+    try:
+        devices = parse_query_csv(result.stdout)
+    except ValueError as exc:
+        doc["error"] = str(exc)
+        doc["problems"].append(
+            problem(
+                "gpu_count",
+                f"Could not read nvidia-smi's output: {exc}",
+                "run the query by hand; a driver too old for these query fields prints an error "
+                "instead of CSV; upgrade the driver",
+            )
+        )
+        return doc
+    seen = len(devices)
+    doc.update(
+        seen=seen,
+        missing=max(0, expected - seen),
+        extra=max(0, seen - expected),
+        devices=[
+            {k: v for k, v in d.items() if k != "driver_version"} for d in devices
+        ],
+    )
+    drivers = sorted({d["driver_version"] for d in devices})
+    doc["driver_version"] = (
+        drivers[0] if len(drivers) == 1 else (", ".join(drivers) or None)
+    )
+    if pci_bus_ids is not None:
+        smi_ids = {d["pci_bus_id"] for d in devices}
+        doc["missing_bus_ids"] = sorted(set(pci_bus_ids) - smi_ids)
+    found = count_problem(expected, seen, doc["missing_bus_ids"])
+    if found:
+        doc["error"] = found["cause"]
+        doc["problems"].append(found)
+    doc["ok"] = not doc["problems"]
+    return doc
+
+
+def run_command(argv: Sequence[str], timeout: float) -> CommandResult:
+    """Run ``argv`` with a ``timeout`` in seconds, capturing text output; never raises for the
+    usual failures (missing binary, permission, timeout), which come back in ``error``."""
+    try:
+        done = subprocess.run(
+            list(argv), capture_output=True, text=True, timeout=timeout, check=False
+        )
+    except (FileNotFoundError, PermissionError, NotADirectoryError):
+        return CommandResult(None, "", "", "not-found")
+    except subprocess.TimeoutExpired:
+        return CommandResult(None, "", "", "timeout")
+    return CommandResult(done.returncode, done.stdout, done.stderr, None)
+
+
+def lspci_bus_ids(lspci: str | None, timeout: float = 30.0) -> list[str] | None:
+    """NVIDIA GPU bus IDs from lspci, or None when lspci is disabled, missing or fails."""
+    if not lspci:
+        return None
+    result = run_command([lspci, "-D", "-n", "-d", "10de:"], timeout)
+    if result.rc != 0:
+        return None
+    return parse_lspci(result.stdout)
+
+
+def check_gpus(
+    expected: int,
+    nvidia_smi: str = "nvidia-smi",
+    timeout: float = 60.0,
+    lspci: str | None = "lspci",
+) -> dict[str, Any]:
+    """Run nvidia-smi (and lspci) and return the :func:`evaluate` document.
+
+    Args:
+        expected: GPUs the inventory expects.
+        nvidia_smi: nvidia-smi path or name on PATH.
+        timeout: seconds allowed for each command.
+        lspci: lspci path or name, or None to skip the PCI cross-check.
+    """
+    result = run_command(build_command(nvidia_smi), timeout)
+    return evaluate(expected, result, nvidia_smi, lspci_bus_ids(lspci, timeout))
+
+
+def non_negative_int(text: str) -> int:
+    """argparse type: an integer >= 0."""
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command-line interface."""
+    parser = argparse.ArgumentParser(
+        description="Compare the GPUs nvidia-smi sees with the expected count; print JSON.",
+        epilog="Exit codes: 0 count matches, 1 mismatch or nvidia-smi failed, 2 usage error.",
+    )
+    parser.add_argument(
+        "--expected",
+        type=non_negative_int,
+        required=True,
+        help="GPUs the inventory expects",
+    )
+    parser.add_argument(
+        "--nvidia-smi",
+        default="nvidia-smi",
+        help="nvidia-smi path (default: from PATH)",
+    )
+    parser.add_argument(
+        "--lspci",
+        default="lspci",
+        help="lspci path for the PCI cross-check (default: from PATH)",
+    )
+    parser.add_argument(
+        "--no-lspci", action="store_true", help="skip the PCI bus cross-check"
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=60.0,
+        help="seconds allowed per command (default 60)",
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """CLI entry point; returns the exit code."""
+    args = build_parser().parse_args(argv)
+    doc = check_gpus(
+        args.expected,
+        args.nvidia_smi,
+        args.timeout,
+        None if args.no_lspci else args.lspci,
+    )
+    print(dumps(doc))
+    return EXIT_OK if doc["ok"] else EXIT_CHECK_FAILED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

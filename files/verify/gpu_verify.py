@@ -1,0 +1,551 @@
+#!/usr/bin/env python3
+"""Verify one host's GPU stack end to end and print one JSON document (or a short table).
+
+Run with the TensorFlow venv's interpreter, e.g.::
+
+    /opt/tensorflow/2.12/bin/python /opt/gpu-verify/gpu_verify.py --expected-gpus 2 \\
+        --expect-driver 520.61.05 --expect-cuda 11.8 --expect-cudnn 8.6.0 \\
+        --expect-tensorflow 2.12.1 --stack tf2.12 --output /var/lib/gpu-verify/tf2.12.json
+
+Steps, in order:
+
+1. ``gpu_count``: GPUs seen by nvidia-smi (and lspci) against ``--expected-gpus``; the driver
+   version nvidia-smi reports against ``--expect-driver``.
+2. ``libraries`` (in this process, ctypes only, no TensorFlow): libcuda, libcudart, libcudnn
+   as really loaded, against the pins; driver CUDA version >= runtime.
+3. ``fit.py`` as a subprocess of the same interpreter (``sys.executable``) in its own process
+   group, killed as a group after ``--timeout`` seconds (a hung NCCL all-reduce never returns).
+   It also reports TensorFlow's version and build info, compared here with the loaded libraries
+   and ``--expect-tensorflow``, and the library files TensorFlow itself mapped.
+
+Output document (schema 1)::
+
+    {"schema": 1, "host", "stack", "ok", "mode": "gpu"|"cpu-replicas", "mode_note",
+     "driver_version", "gpus": {gpu_count result}, "libraries": {"libcuda": {...},
+     "libcudart": {...}, "libcudnn": {...}}, "tensorflow": {"version", "is_cuda_build",
+     "build_info", "gpus", "error"}, "fit": {fit result, "timed_out", "returncode"},
+     "problems": [{"check", "cause", "fix"}], "expected": {"gpus", "driver", "cuda", "cudnn",
+     "tensorflow"}, "seconds"}
+
+``ok`` is false exactly when ``problems`` is non-empty.  Times are seconds.
+
+Exit codes: 0 all checks passed, 1 a check failed, 2 usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import gpu_count
+import libraries
+from fit import NCCL_HANG_FIX
+from verify_common import (
+    EXIT_CHECK_FAILED,
+    EXIT_OK,
+    Problem,
+    dumps,
+    problem,
+    tail,
+    write_json_atomic,
+)
+
+SCHEMA = 1
+HERE = os.path.dirname(os.path.abspath(__file__))
+KILL_GRACE_SECONDS = 5.0
+
+
+# --- pure checks ----------------------------------------------------------------------------
+
+
+def driver_problems(
+    driver_version: str | None, expect_driver: str | None
+) -> list[Problem]:
+    """nvidia-smi's driver version must equal the pin (skipped when nvidia-smi gave none)."""
+    if not expect_driver or not driver_version or driver_version == expect_driver:
+        return []
+    return [
+        problem(
+            "driver",
+            f"nvidia-smi reports driver {driver_version}, the stack pins {expect_driver}.",
+            "rerun the nvidia_driver role; if it already installed the pin, reboot so the new kernel "
+            "module loads (`cat /proc/driver/nvidia/version` shows the loaded one), or fix "
+            "nvidia_driver_version",
+        )
+    ]
+
+
+def tensorflow_gpu_problems(
+    tf_info: dict[str, Any], expected_gpus: int, smi_seen: int
+) -> list[Problem]:
+    """In GPU mode TensorFlow must see every expected GPU."""
+    gpus = tf_info.get("gpus")
+    if tf_info.get("error") or gpus is None or gpus == expected_gpus:
+        return []
+    if not tf_info.get("is_cuda_build"):
+        fix = (
+            "the venv holds a CPU-only TensorFlow build (e.g. tensorflow-cpu): install the GPU "
+            "wheel for this stack (tf_venv role)"
+        )
+    else:
+        fix = (
+            "TensorFlow could not open the CUDA libraries or some GPUs: see the libcudart/libcudnn "
+            'problems, run with TF_CPP_MIN_LOG_LEVEL=0 to see "Could not load dynamic library", '
+            "and check CUDA_VISIBLE_DEVICES"
+        )
+    return [
+        problem(
+            "tensorflow",
+            f"TensorFlow {tf_info.get('version')} sees {gpus} GPUs, nvidia-smi {smi_seen}, the "
+            f"inventory expects {expected_gpus}.",
+            fix,
+        )
+    ]
+
+
+def tf_loaded_library_problems(
+    loaded: dict[str, list[dict[str, Any]]] | None,
+    libs: dict[str, dict[str, Any]],
+    expect_cuda: str | None,
+    expect_cudnn: str | None,
+) -> list[Problem]:
+    """Check the libcudart/libcudnn files TensorFlow itself mapped (its RUNPATH may pick other
+    copies than the system loader path, reference section 1.4) against the pins."""
+    problems: list[Problem] = []
+    if not loaded:
+        return problems
+    for key, expected, parts, label in (
+        ("libcudart", expect_cuda, 2, "CUDA runtime"),
+        ("libcudnn", expect_cudnn, 3, "cuDNN"),
+    ):
+        if not expected:
+            continue
+        want_parts = min(parts, len(str(expected).split(".")))
+        want = str(expected).split(".")[:want_parts]
+        for entry in loaded.get(key) or []:
+            version = entry.get("version")
+            if not version or version.split(".")[:want_parts] == want:
+                continue
+            system = libs.get(key) or {}
+            problems.append(
+                problem(
+                    key,
+                    f"TensorFlow loaded {label} {version} from {entry['path']}, the stack pins "
+                    f"{expected} (the system loader path gives {system.get('version')} at "
+                    f"{system.get('path')}).",
+                    "remove the stray copy or its folder from LD_LIBRARY_PATH / the venv's "
+                    "nvidia-* wheels, so TensorFlow loads the pinned library; run `ldconfig`",
+                )
+            )
+    return problems
+
+
+def mode_note(cpu_replicas: int) -> str | None:
+    """Plain statement that the fit did not use GPUs (None in GPU mode)."""
+    if cpu_replicas <= 0:
+        return None
+    return (
+        f"fit ran on {cpu_replicas} logical CPU devices (--cpu-replicas {cpu_replicas}), "
+        "not on GPUs"
+    )
+
+
+def read_progress(path: str) -> list[dict[str, Any]]:
+    """Progress records written by fit.py (JSON lines; unreadable lines skipped)."""
+    records: list[dict[str, Any]] = []
+    try:
+        with open(path, encoding="utf-8") as handle:
+            for line in handle:
+                try:
+                    records.append(json.loads(line))
+                except ValueError:
+                    continue
+    except OSError:
+        pass
+    return records
+
+
+def timeout_problem(timeout: float, progress: list[dict[str, Any]]) -> Problem:
+    """Cause and fix for a fit killed after ``timeout`` seconds, naming the last stage reached."""
+    last = progress[-1] if progress else None
+    if last is None:
+        where = "it never started"
+    else:
+        where = f"last stage reached: {last.get('stage')!r} at {last.get('t')} s"
+        if last.get("stage") == "epoch":
+            where += f", after epoch {last.get('epoch')}"
+    if last is None or last.get("stage") in ("import", "tensorflow"):
+        fix = (
+            "TensorFlow hung while importing or opening the GPUs: check that nvidia-smi answers "
+            "quickly and `dmesg | grep -i -e xid -e nvrm`; then " + NCCL_HANG_FIX
+        )
+    else:
+        fix = (
+            "a multi-GPU all-reduce that never returns is usually NCCL/P2P: "
+            + NCCL_HANG_FIX
+        )
+    return problem(
+        "fit",
+        f"The MirroredStrategy fit did not finish within {timeout:g} s and was killed ({where}).",
+        fix,
+    )
+
+
+def crash_problem(returncode: int, stderr: str) -> Problem:
+    """Cause and fix for a fit that exited without printing its JSON result."""
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        cause = f"The fit process was killed by {name} without a result."
+        if -returncode == signal.SIGKILL:
+            fix = "the kernel's OOM killer is likely (`dmesg | grep -i oom`): free host memory or lower --per-replica-batch"
+        else:
+            fix = "a native crash in TensorFlow or a CUDA library: check library versions above and `dmesg`"
+    else:
+        cause = f"The fit process exited with {returncode} without a result: {tail(stderr, 300).strip() or 'no output'}"
+        fix = "run fit.py by hand with the venv's python to see the full error"
+    return problem("fit", cause, fix)
+
+
+# --- I/O --------------------------------------------------------------------------------------
+
+
+def kill_group(proc: subprocess.Popen[str]) -> None:
+    """SIGTERM the fit's process group, then SIGKILL it after a grace period."""
+    for sig, wait in ((signal.SIGTERM, KILL_GRACE_SECONDS), (signal.SIGKILL, None)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        if wait is None:
+            break
+        try:
+            proc.wait(timeout=wait)
+            # The leader is gone; SIGKILL the rest of the group (children it left behind).
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def run_fit_subprocess(
+    fit_argv: Sequence[str], timeout: float, fit_script: str
+) -> dict[str, Any]:
+    """Run ``fit_script`` with this interpreter under ``timeout`` seconds.
+
+    Returns the fit result document plus ``timed_out``, ``returncode`` and (when not ok)
+    ``stderr_tail``; the last ``tensorflow`` progress record is kept in ``tensorflow`` when the fit
+    did not finish.
+    """
+    fd, progress_path = tempfile.mkstemp(prefix="gpu-verify-fit-", suffix=".jsonl")
+    os.close(fd)
+    command = [sys.executable, fit_script, "--progress", progress_path, *fit_argv]
+    env = dict(os.environ)
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    timed_out = False
+    try:
+        proc = subprocess.Popen(
+            command,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+            env=env,
+        )
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            kill_group(proc)
+            stdout, stderr = proc.communicate()
+        progress = read_progress(progress_path)
+    finally:
+        os.unlink(progress_path)
+    result: dict[str, Any]
+    try:
+        result = json.loads(stdout) if stdout.strip() and not timed_out else {}
+    except ValueError:
+        result = {}
+    if not isinstance(result, dict):
+        result = {}
+    result.setdefault("ok", False)
+    result.setdefault("problems", [])
+    result.setdefault("error", None)
+    result["timed_out"] = timed_out
+    result["returncode"] = proc.returncode
+    if "tensorflow" not in result or result["tensorflow"] is None:
+        tf_records = [
+            r["tensorflow"] for r in progress if r.get("stage") == "tensorflow"
+        ]
+        result["tensorflow"] = tf_records[-1] if tf_records else None
+    if timed_out:
+        found = timeout_problem(timeout, progress)
+        result["error"] = found["cause"]
+        result["problems"] = [found]
+        result["ok"] = False
+    elif "num_replicas_in_sync" not in result:
+        found = crash_problem(proc.returncode, stderr)
+        result["error"] = found["cause"]
+        result["problems"] = [found]
+        result["ok"] = False
+    if not result["ok"]:
+        result["stderr_tail"] = tail(stderr, 4000)
+    return result
+
+
+def verify(args: argparse.Namespace) -> dict[str, Any]:
+    """Run every check and assemble the output document."""
+    started = time.monotonic()
+    problems: list[Problem] = []
+    gpus = gpu_count.check_gpus(
+        args.expected_gpus, args.nvidia_smi, lspci=None if args.no_lspci else args.lspci
+    )
+    problems += gpus["problems"]
+    problems += driver_problems(gpus["driver_version"], args.expect_driver)
+
+    libs_doc = libraries.check_libraries(args.expect_cuda, args.expect_cudnn)
+    libs = libs_doc["libraries"]
+    problems += libs_doc["problems"]
+
+    expected_replicas = (
+        args.cpu_replicas if args.cpu_replicas > 0 else args.expected_gpus
+    )
+    fit_argv = [
+        "--cpu-replicas",
+        str(args.cpu_replicas),
+        "--per-replica-batch",
+        str(args.per_replica_batch),
+        "--steps",
+        str(args.steps),
+        "--epochs",
+        str(args.epochs),
+        "--seed",
+        str(args.seed),
+    ]
+    if expected_replicas > 0:
+        fit_argv += ["--expected-replicas", str(expected_replicas)]
+    fit = run_fit_subprocess(fit_argv, args.timeout, args.fit_script)
+
+    tf_info = fit.pop("tensorflow", None) or {
+        "version": None,
+        "is_cuda_build": None,
+        "build_info": {},
+        "gpus": None,
+        "error": "TensorFlow information unavailable: the fit stopped before reporting it",
+    }
+    fit_problems = fit.get("problems") or []
+    if not any(p.get("check") == "tensorflow" for p in fit_problems):
+        if not tf_info.get("error"):
+            problems += libraries.tensorflow_problems(
+                tf_info, libs, args.expect_tensorflow
+            )
+        if args.cpu_replicas == 0:
+            problems += tensorflow_gpu_problems(
+                tf_info, args.expected_gpus, gpus["seen"]
+            )
+    problems += tf_loaded_library_problems(
+        fit.get("loaded_libraries"), libs, args.expect_cuda, args.expect_cudnn
+    )
+    problems += fit_problems
+
+    return {
+        "schema": SCHEMA,
+        "host": socket.gethostname(),
+        "stack": args.stack,
+        "ok": not problems,
+        "mode": "cpu-replicas" if args.cpu_replicas > 0 else "gpu",
+        "mode_note": mode_note(args.cpu_replicas),
+        "driver_version": gpus["driver_version"],
+        "gpus": gpus,
+        "libraries": libs,
+        "tensorflow": tf_info,
+        "fit": fit,
+        "problems": problems,
+        "expected": {
+            "gpus": args.expected_gpus,
+            "driver": args.expect_driver,
+            "cuda": args.expect_cuda,
+            "cudnn": args.expect_cudnn,
+            "tensorflow": args.expect_tensorflow,
+        },
+        "seconds": round(time.monotonic() - started, 3),
+    }
+
+
+def _fmt(value: Any, digits: int = 3) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def format_table(doc: dict[str, Any]) -> str:
+    """Short human summary of a verification document."""
+    libs = doc.get("libraries") or {}
+    fit = doc.get("fit") or {}
+    gpus = doc.get("gpus") or {}
+    tf_info = doc.get("tensorflow") or {}
+    lines = [
+        (
+            f"{doc.get('host')}  stack {doc.get('stack') or '-'}  "
+            f"{'PASS' if doc.get('ok') else 'FAIL'}  mode {doc.get('mode')}  "
+            f"({_fmt(doc.get('seconds'), 1)} s)"
+        ),
+    ]
+    if doc.get("mode_note"):
+        lines.append(f"  note: {doc['mode_note']}")
+    lines.append(
+        f"  GPUs        {gpus.get('seen')}/{gpus.get('expected')} seen/expected"
+        f"   driver {doc.get('driver_version') or '-'}"
+    )
+    for key in ("libcuda", "libcudart", "libcudnn"):
+        rec = libs.get(key) or {}
+        where = rec.get("path") or rec.get("error") or "-"
+        lines.append(f"  {key:<11} {_fmt(rec.get('version')):<8} {where}")
+    lines.append(
+        f"  tensorflow  {_fmt(tf_info.get('version')):<8} cuda build {_fmt(tf_info.get('is_cuda_build'))}"
+        f"   sees {_fmt(tf_info.get('gpus'))} GPUs"
+    )
+    lines.append(
+        f"  fit         {_fmt(fit.get('num_replicas_in_sync'))} replicas, global batch "
+        f"{_fmt(fit.get('global_batch_size'))}, loss {_fmt(fit.get('loss_start'))} -> "
+        f"{_fmt(fit.get('loss_end'))}, {_fmt(fit.get('fit_seconds'), 2)} s, "
+        f"{_fmt(fit.get('samples_per_second'), 1)} samples/s"
+        + (", TIMED OUT" if fit.get("timed_out") else "")
+    )
+    problems = doc.get("problems") or []
+    if problems:
+        lines.append("Problems:")
+        for item in problems:
+            lines.append(f"  [{item.get('check')}] {item.get('cause')}")
+            lines.append(f"      fix: {item.get('fix')}")
+    return "\n".join(lines)
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a number > 0."""
+    value = float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command-line interface."""
+    parser = argparse.ArgumentParser(
+        description="Verify this host's GPUs, driver, CUDA runtime, cuDNN and TensorFlow, and run "
+        "a MirroredStrategy smoke fit; print one JSON document (or a table).",
+        epilog="Exit codes: 0 all checks passed, 1 a check failed, 2 usage error.",
+    )
+    parser.add_argument(
+        "--expected-gpus",
+        type=gpu_count.non_negative_int,
+        required=True,
+        help="GPUs the inventory expects on this host",
+    )
+    parser.add_argument(
+        "--expect-driver", metavar="VER", help="pinned driver version, e.g. 520.61.05"
+    )
+    parser.add_argument(
+        "--expect-cuda", metavar="X.Y", help="pinned CUDA version, e.g. 11.8"
+    )
+    parser.add_argument(
+        "--expect-cudnn", metavar="X.Y.Z", help="pinned cuDNN version, e.g. 8.6.0"
+    )
+    parser.add_argument(
+        "--expect-tensorflow", metavar="X.Y.Z", help="pinned TensorFlow version"
+    )
+    parser.add_argument(
+        "--cpu-replicas",
+        type=gpu_count.non_negative_int,
+        default=0,
+        help="0 = fit on the GPUs (default); N = fit on N logical CPU devices",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=positive_float,
+        default=600.0,
+        help="seconds the fit may take before its process group is killed (default 600)",
+    )
+    parser.add_argument(
+        "--nvidia-smi",
+        default="nvidia-smi",
+        help="nvidia-smi path (default: from PATH)",
+    )
+    parser.add_argument(
+        "--lspci",
+        default="lspci",
+        help="lspci path for the PCI cross-check (default: from PATH)",
+    )
+    parser.add_argument(
+        "--no-lspci", action="store_true", help="skip the PCI bus cross-check"
+    )
+    parser.add_argument("--stack", help="label for this TensorFlow stack, e.g. tf2.12")
+    parser.add_argument(
+        "--output", metavar="PATH", help="also write the JSON document to PATH"
+    )
+    parser.add_argument(
+        "--format",
+        choices=("json", "table"),
+        default="json",
+        help="stdout format (default json)",
+    )
+    parser.add_argument(
+        "--per-replica-batch",
+        type=int,
+        default=16,
+        help="fit: samples per replica per step (default 16)",
+    )
+    parser.add_argument(
+        "--steps", type=int, default=8, help="fit: steps per epoch (default 8)"
+    )
+    parser.add_argument("--epochs", type=int, default=3, help="fit: epochs (default 3)")
+    parser.add_argument(
+        "--seed", type=int, default=1234, help="fit: random seed (default 1234)"
+    )
+    parser.add_argument(
+        "--fit-script",
+        default=os.path.join(HERE, "fit.py"),
+        help="fit script to run (default: fit.py next to this file; tests swap it)",
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """CLI entry point; returns the exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.expect_cuda:
+            libraries.cudart_soname(args.expect_cuda)
+        if args.expect_cudnn:
+            libraries.cudnn_soname(args.expect_cudnn)
+    except ValueError as exc:
+        parser.error(str(exc))
+    for name in ("per_replica_batch", "steps", "epochs"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1")
+    doc = verify(args)
+    if args.output:
+        write_json_atomic(args.output, doc)
+    print(format_table(doc) if args.format == "table" else dumps(doc))
+    return EXIT_OK if doc["ok"] else EXIT_CHECK_FAILED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,649 @@
+#!/usr/bin/env python3
+"""Load the CUDA driver API, CUDA runtime and cuDNN through ctypes and check their versions.
+
+What is loaded and how the version is read:
+
+* ``libcuda.so.1`` (installed by the NVIDIA driver): ``cuDriverGetVersion(int*)``; the value is
+  the newest CUDA version the driver supports, e.g. 11080.
+* ``libcudart.so.11.0`` / ``.so.12`` / ``.so.13`` (CUDA toolkit; the soname carries only the major
+  version from CUDA 11 on): ``cudaRuntimeGetVersion(int*)``, e.g. 11080.
+* ``libcudnn.so.<major>``: ``cudnnGetVersion()`` returns ``size_t``.  cuDNN 8 encodes
+  ``major*1000 + minor*100 + patch`` and cuDNN 9 ``major*10000 + minor*100 + patch``
+  (reference ``nvidia-tensorflow-facts.md`` section 5.2, from ``cudnn_version.h``).
+
+CUDA version integers decode as ``major = v // 1000``, ``minor = (v % 1000) // 10`` (11080 ->
+"11.8"), the encoding used by ``cudaRuntimeGetVersion``/``cuDriverGetVersion`` in the CUDA
+runtime API reference.
+
+Libraries are found the way every process finds them (``LD_LIBRARY_PATH``, the ``ldconfig``
+cache built from ``/etc/ld.so.conf.d``); the file really mapped is read back from
+``/proc/self/maps`` (with ``dladdr`` to pick one when several copies are mapped).  TensorFlow
+wheels can also use their own RUNPATH to pip-installed NVIDIA libraries (reference section 1.4),
+so ``fit.py`` additionally reports what TensorFlow itself mapped (:func:`mapped_library_versions`).
+
+``tensorflow_build_info()`` imports TensorFlow lazily and compares its build with the loaded
+libraries using TensorFlow's cuDNN rule (reference section 1.1, quoting ``cuda_dnn.cc``): "CuDNN
+library needs to have matching major version and equal or higher minor version."
+
+Exit codes: 0 all checks passed, 1 a check failed, 2 usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import glob
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from verify_common import (
+    EXIT_CHECK_FAILED,
+    EXIT_OK,
+    Problem,
+    dumps,
+    parse_version,
+    problem,
+)
+
+# Names of CUresult values worth spelling out (CUDA driver API reference, "Error Handling").
+CUDA_DRIVER_ERRORS = {
+    3: "CUDA_ERROR_NOT_INITIALIZED",
+    34: "CUDA_ERROR_STUB_LIBRARY",
+    35: "CUDA_ERROR_INSUFFICIENT_DRIVER",
+    100: "CUDA_ERROR_NO_DEVICE",
+    999: "CUDA_ERROR_UNKNOWN",
+}
+
+LD_SO_CONF_D = "/etc/ld.so.conf.d"
+
+
+# --- pure decoding and naming -------------------------------------------------------------
+
+
+def decode_cuda_version(raw: int) -> str:
+    """CUDA version integer to ``"major.minor"``: 11080 -> "11.8", 12020 -> "12.2"."""
+    return f"{raw // 1000}.{(raw % 1000) // 10}"
+
+
+def decode_cudnn_version(raw: int) -> str:
+    """``cudnnGetVersion()`` value to ``"major.minor.patch"``: 8600 -> "8.6.0", 90300 -> "9.3.0".
+
+    cuDNN <= 8 uses ``*1000`` and cuDNN >= 9 ``*10000`` (reference section 5.2); the ranges do not
+    overlap (8.x < 10000 <= 9.x), so the value itself says which formula applies.
+    """
+    if raw >= 10000:
+        return f"{raw // 10000}.{(raw % 10000) // 100}.{raw % 100}"
+    return f"{raw // 1000}.{(raw % 1000) // 100}.{raw % 100}"
+
+
+def cudart_soname(cuda: str) -> str:
+    """Soname of the CUDA runtime for CUDA ``"X.Y"``: 11.x -> libcudart.so.11.0, 12.x -> .so.12,
+    13.x -> .so.13 (the toolkit's ``lib64/`` symlink names); 10.x and older carry major.minor.
+
+    Raises:
+        ValueError: ``cuda`` is not ``X.Y``.
+    """
+    major, minor = parse_version(cuda, 2, "CUDA version")
+    if major == 11:
+        return "libcudart.so.11.0"
+    if major >= 12:
+        return f"libcudart.so.{major}"
+    return f"libcudart.so.{major}.{minor}"
+
+
+def cudnn_soname(cudnn: str) -> str:
+    """Soname of cuDNN for version ``"X.Y.Z"`` (or ``"X"``): ``libcudnn.so.<X>``.
+
+    Raises:
+        ValueError: ``cudnn`` does not start with an integer major version.
+    """
+    (major,) = parse_version(cudnn, 1, "cuDNN version")
+    return f"libcudnn.so.{major}"
+
+
+def soname_stem(soname: str) -> str:
+    """``libcudart.so.11.0`` -> ``libcudart.so`` (the prefix every file of the library shares)."""
+    return soname.split(".so", 1)[0] + ".so"
+
+
+def paths_from_maps(maps_text: str, stem: str) -> list[str]:
+    """Distinct file paths in ``/proc/<pid>/maps`` text whose basename is ``stem`` or
+    ``stem.<anything>`` (``libcudnn.so`` matches ``libcudnn.so.8.6.0``, not
+    ``libcudnn_ops_infer.so.8``), in order of first appearance."""
+    found: list[str] = []
+    for line in maps_text.splitlines():
+        fields = line.split(None, 5)
+        if len(fields) < 6:
+            continue
+        path = fields[5].strip()
+        # str.removesuffix is Python 3.9+; hosts may run 3.8.
+        if path.endswith(" (deleted)"):  # noqa: FURB188
+            path = path[: -len(" (deleted)")]
+        base = os.path.basename(path)
+        if (base == stem or base.startswith(stem + ".")) and path not in found:
+            found.append(path)
+    return found
+
+
+def ld_so_conf_dirs(conf_dir: str = LD_SO_CONF_D) -> dict[str, list[str]]:
+    """Directories listed in each ``*.conf`` file of ``conf_dir`` (what ``ldconfig`` caches)."""
+    result: dict[str, list[str]] = {}
+    for conf in sorted(glob.glob(os.path.join(conf_dir, "*.conf"))):
+        try:
+            with open(conf, encoding="utf-8", errors="replace") as handle:
+                lines = [ln.split("#", 1)[0].strip() for ln in handle]
+        except OSError:
+            continue
+        result[os.path.basename(conf)] = [
+            ln for ln in lines if ln and not ln.startswith("include")
+        ]
+    return result
+
+
+def search_places_text(ld_library_path: str | None, conf: dict[str, list[str]]) -> str:
+    """One-line description of where the dynamic loader looked."""
+    conf_text = "; ".join(
+        f"{name}: {', '.join(dirs) or '(empty)'}" for name, dirs in conf.items()
+    )
+    return (
+        f"LD_LIBRARY_PATH={ld_library_path or '(unset)'}; "
+        f"{LD_SO_CONF_D}: {conf_text or '(no .conf files)'}"
+    )
+
+
+def load_failure_problem(
+    check: str,
+    soname: str,
+    error: str,
+    ld_library_path: str | None,
+    conf: dict[str, list[str]],
+) -> Problem:
+    """Problem for a library dlopen could not load: names the soname, the error and the places."""
+    places = search_places_text(ld_library_path, conf)
+    if check == "libcuda":
+        fix = (
+            "libcuda.so.1 comes with the NVIDIA driver, not the toolkit: install/repair the driver "
+            "(nvidia_driver role), then run `ldconfig` and check `ldconfig -p | grep libcuda`"
+        )
+    else:
+        fix = (
+            f"install the library (cuda_toolkit/cudnn roles), list its folder in a file under "
+            f"{LD_SO_CONF_D}/ (gpu_env role) and run `ldconfig`; `ldconfig -p | grep "
+            f"{soname_stem(soname)}` shows what the loader sees"
+        )
+    return problem(check, f"Cannot load {soname}: {error} (looked in {places}).", fix)
+
+
+# --- comparisons (pure) ----------------------------------------------------------------
+
+
+def compare_cudart(record: dict[str, Any], expected_cuda: str | None) -> list[Problem]:
+    """libcudart major.minor must equal the pinned CUDA ``"X.Y"``."""
+    if not expected_cuda or not record.get("ok"):
+        return []
+    want = parse_version(expected_cuda, 2, "CUDA version")
+    have = parse_version(record["version"], 2)
+    if have == want:
+        return []
+    return [
+        problem(
+            "libcudart",
+            f"CUDA runtime {record['soname']} at {record['path']} is {record['version']}, the stack "
+            f"pins {expected_cuda}.",
+            "another toolkit comes first on the loader path: make the stack's "
+            "/usr/local/cuda-X.Y/lib64 win in LD_LIBRARY_PATH and /etc/ld.so.conf.d (gpu_env "
+            "role), run `ldconfig`, or fix the pin",
+        )
+    ]
+
+
+def compare_cudnn(record: dict[str, Any], expected_cudnn: str | None) -> list[Problem]:
+    """libcudnn major.minor.patch must equal the pinned cuDNN (extra parts like .163 ignored)."""
+    if not expected_cudnn or not record.get("ok"):
+        return []
+    parts = min(3, len(str(expected_cudnn).split(".")))
+    want = parse_version(expected_cudnn, parts, "cuDNN version")
+    have = parse_version(record["version"], 3)[:parts]
+    if have == want:
+        return []
+    return [
+        problem(
+            "libcudnn",
+            f"cuDNN {record['soname']} at {record['path']} is {record['version']}, the stack pins "
+            f"{expected_cudnn}.",
+            "another cuDNN comes first on the loader path (an older copy in /usr/lib or "
+            "LD_LIBRARY_PATH wins): remove it or reorder the paths (gpu_env role), run "
+            "`ldconfig`, or fix the pin",
+        )
+    ]
+
+
+def compare_driver_runtime(
+    libcuda: dict[str, Any], libcudart: dict[str, Any]
+) -> list[Problem]:
+    """The driver's CUDA version (cuDriverGetVersion) must be >= the runtime's.
+
+    NVIDIA's minor-version compatibility (reference section 2.2) lets an older driver of the same
+    major run a newer runtime with a "limited feature-set" (PTX from a newer toolkit fails), so
+    this project treats any driver older than the runtime as a failure.
+    """
+    if not (libcuda.get("ok") and libcudart.get("ok")):
+        return []
+    if libcuda["raw"] >= libcudart["raw"]:
+        return []
+    return [
+        problem(
+            "driver",
+            f"Driver too old for the runtime: the driver supports CUDA {libcuda['version']} "
+            f"({libcuda['path']}), the runtime is CUDA {libcudart['version']} "
+            f"({libcudart['path']}).",
+            "upgrade the driver to the branch the stack's CUDA version needs (nvidia_driver_version, "
+            "see the version matrix) or pin an older CUDA",
+        )
+    ]
+
+
+def cudnn_tf_rule(built: str, loaded: str) -> str | None:
+    """TensorFlow's runtime cuDNN rule (reference 1.1, ``cuda_dnn.cc``): same major, loaded minor
+    >= built minor.  ``built`` may be major only (pip builds report ``"8"``).
+
+    Returns None when TensorFlow accepts the pair, else the reason.
+    """
+    built_parts = [int(p) for p in str(built).split(".")[:2] if p.isdigit()]
+    loaded_major, loaded_minor = parse_version(loaded, 2)
+    if not built_parts:
+        return None
+    if loaded_major != built_parts[0]:
+        return f"major {loaded_major} != {built_parts[0]}"
+    if len(built_parts) > 1 and loaded_minor < built_parts[1]:
+        return f"minor {loaded_minor} < {built_parts[1]}"
+    return None
+
+
+def compare_with_build(
+    tf_info: dict[str, Any], libs: dict[str, dict[str, Any]]
+) -> list[Problem]:
+    """Compare TensorFlow's build info with the loaded libcudart/libcudnn (CUDA builds only).
+
+    CUDA: same major required (the soname TF links against carries the major); a loaded minor
+    older than the build's is flagged because kernels/PTX built for the newer minor may not run.
+    """
+    problems: list[Problem] = []
+    if not tf_info or not tf_info.get("is_cuda_build"):
+        return problems
+    build = tf_info.get("build_info") or {}
+    version = tf_info.get("version")
+    cudart = libs.get("libcudart") or {}
+    built_cuda = build.get("cuda_version")
+    if built_cuda and cudart.get("ok"):
+        b_major, b_minor = parse_version(built_cuda, 2)
+        l_major, l_minor = parse_version(cudart["version"], 2)
+        if l_major != b_major or l_minor < b_minor:
+            problems.append(
+                problem(
+                    "tensorflow",
+                    f"TensorFlow {version} was built for CUDA {built_cuda} but the loaded runtime "
+                    f"is {cudart['version']} ({cudart['path']}).",
+                    f"install CUDA {built_cuda} for this venv's stack and put it first on the "
+                    "loader path, or pin the TensorFlow version that matches the installed CUDA",
+                )
+            )
+    cudnn = libs.get("libcudnn") or {}
+    built_cudnn = build.get("cudnn_version")
+    if built_cudnn and cudnn.get("ok"):
+        reason = cudnn_tf_rule(str(built_cudnn), cudnn["version"])
+        if reason:
+            problems.append(
+                problem(
+                    "tensorflow",
+                    f"TensorFlow {version} was built with cuDNN {built_cudnn} and will refuse the "
+                    f"loaded cuDNN {cudnn['version']} ({cudnn['path']}; {reason}): it needs the "
+                    "same major and an equal or higher minor.",
+                    f"install cuDNN {built_cudnn}.x for this stack and put it first on the loader "
+                    "path (gpu_env role), then run `ldconfig`",
+                )
+            )
+    return problems
+
+
+# --- I/O: loading through ctypes ------------------------------------------------------------
+
+
+class _DlInfo(ctypes.Structure):
+    _fields_ = [
+        ("dli_fname", ctypes.c_char_p),
+        ("dli_fbase", ctypes.c_void_p),
+        ("dli_sname", ctypes.c_char_p),
+        ("dli_saddr", ctypes.c_void_p),
+    ]
+
+
+def dladdr_path(function: Any) -> str | None:
+    """Path of the shared object that holds ctypes ``function`` (glibc ``dladdr``), or None."""
+    for libname in (None, "libdl.so.2"):
+        try:
+            dladdr = ctypes.CDLL(libname).dladdr
+        except (OSError, AttributeError):
+            continue
+        dladdr.argtypes = [ctypes.c_void_p, ctypes.POINTER(_DlInfo)]
+        dladdr.restype = ctypes.c_int
+        info = _DlInfo()
+        address = ctypes.cast(function, ctypes.c_void_p).value
+        if dladdr(address, ctypes.byref(info)) and info.dli_fname:
+            return os.fsdecode(info.dli_fname)
+    return None
+
+
+def read_maps() -> str:
+    """This process's ``/proc/self/maps`` ("" where there is none)."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as handle:
+            return handle.read()
+    except OSError:
+        return ""
+
+
+def _call_version(lib: ctypes.CDLL, symbol: str) -> tuple[Any, int]:
+    """Call the version entry point ``symbol`` of ``lib``; returns (function, raw version).
+
+    Raises:
+        AttributeError: the symbol is not exported.
+        RuntimeError: the call returned a CUDA error code.
+    """
+    function = getattr(lib, symbol)
+    return function, _read_version(function, symbol)
+
+
+def _read_version(function: Any, symbol: str) -> int:
+    """Call a version entry point: ``cudnnGetVersion()`` returns size_t, the CUDA ones fill an
+    ``int*`` and return a status (0 = success).
+
+    Raises:
+        RuntimeError: the call returned a non-zero status.
+    """
+    if symbol == "cudnnGetVersion":
+        function.restype = ctypes.c_size_t
+        function.argtypes = []
+        return int(function())
+    function.restype = ctypes.c_int
+    function.argtypes = [ctypes.POINTER(ctypes.c_int)]
+    value = ctypes.c_int(0)
+    status = function(ctypes.byref(value))
+    if status != 0:
+        name = (
+            CUDA_DRIVER_ERRORS.get(status, "error")
+            if symbol == "cuDriverGetVersion"
+            else "error"
+        )
+        raise RuntimeError(f"{symbol} returned {status} ({name})")
+    return int(value.value)
+
+
+LIBRARY_KINDS: dict[str, tuple[str, Callable[[int], str]]] = {
+    "libcuda": ("cuDriverGetVersion", decode_cuda_version),
+    "libcudart": ("cudaRuntimeGetVersion", decode_cuda_version),
+    "libcudnn": ("cudnnGetVersion", decode_cudnn_version),
+}
+
+
+def load_library(key: str, soname: str) -> tuple[dict[str, Any], list[Problem]]:
+    """dlopen ``soname`` and read its version.
+
+    Returns ``({"soname", "path", "found_as", "raw", "version", "ok", "error"}, problems)``:
+    ``path`` is the real file mapped into this process, ``found_as`` the name the loader opened
+    (often a symlink in the folder that won the search).
+    """
+    symbol, decode = LIBRARY_KINDS[key]
+    record: dict[str, Any] = {
+        "soname": soname,
+        "path": None,
+        "found_as": None,
+        "raw": None,
+        "version": None,
+        "ok": False,
+        "error": None,
+    }
+    try:
+        lib = ctypes.CDLL(soname)
+    except OSError as exc:
+        record["error"] = str(exc)
+        conf = ld_so_conf_dirs()
+        return record, [
+            load_failure_problem(
+                key, soname, str(exc), os.environ.get("LD_LIBRARY_PATH"), conf
+            )
+        ]
+    function = getattr(lib, symbol, None)
+    raw: int | None = None
+    if function is None:
+        record["error"] = f"{soname} does not export {symbol}"
+    else:
+        try:
+            raw = _read_version(function, symbol)
+        except RuntimeError as exc:
+            record["error"] = str(exc)
+    found_as = dladdr_path(function) if function is not None else None
+    mapped = paths_from_maps(read_maps(), soname_stem(soname))
+    real = os.path.realpath(found_as) if found_as else None
+    record["found_as"] = found_as
+    record["path"] = (
+        real
+        if (real and (real in mapped or not mapped))
+        else (mapped[0] if mapped else real)
+    )
+    if len(mapped) > 1:
+        record["also_mapped"] = [p for p in mapped if p != record["path"]]
+    if raw is None:
+        if "CUDA_ERROR_STUB_LIBRARY" in (record["error"] or "") or "/stubs/" in (
+            record["path"] or ""
+        ):
+            fix = (
+                "the toolkit's stub libcuda (lib64/stubs) is on the loader path: remove that folder "
+                "from LD_LIBRARY_PATH and /etc/ld.so.conf.d, run `ldconfig`"
+            )
+        else:
+            fix = f"{soname} at {record['path']} is not a working {key}: reinstall it and run `ldconfig`"
+        return record, [
+            problem(key, f"{soname} at {record['path']}: {record['error']}.", fix)
+        ]
+    record.update(raw=raw, version=decode(raw), ok=True)
+    return record, []
+
+
+def mapped_library_versions(
+    maps_text: str | None = None,
+) -> dict[str, list[dict[str, Any]]]:
+    """Versions of every libcuda/libcudart/libcudnn file already mapped into this process.
+
+    Used after TensorFlow ran, to report the copies TensorFlow itself loaded (which may come
+    from its RUNPATH rather than the system loader path).  dlopen of an already-mapped path
+    returns the same handle, so nothing new is loaded.
+    """
+    maps_text = read_maps() if maps_text is None else maps_text
+    result: dict[str, list[dict[str, Any]]] = {}
+    for key, (symbol, decode) in LIBRARY_KINDS.items():
+        entries = []
+        for path in paths_from_maps(maps_text, key + ".so"):
+            entry: dict[str, Any] = {
+                "path": path,
+                "raw": None,
+                "version": None,
+                "error": None,
+            }
+            try:
+                _, raw = _call_version(ctypes.CDLL(path), symbol)
+                entry.update(raw=raw, version=decode(raw))
+            except (OSError, AttributeError, RuntimeError) as exc:
+                entry["error"] = str(exc)
+            entries.append(entry)
+        result[key] = entries
+    return result
+
+
+def _first_loadable(
+    key: str, candidates: Sequence[str]
+) -> tuple[dict[str, Any], list[Problem]]:
+    """Try sonames newest first (used when no version is pinned)."""
+    record: dict[str, Any] = {}
+    problems: list[Problem] = []
+    for soname in candidates:
+        record, problems = load_library(key, soname)
+        if record["error"] is None or record["path"]:
+            return record, problems
+    return record, problems
+
+
+def check_libraries(
+    expect_cuda: str | None = None, expect_cudnn: str | None = None
+) -> dict[str, Any]:
+    """Load the three libraries and run the comparisons.
+
+    Returns ``{"libraries": {"libcuda": rec, "libcudart": rec, "libcudnn": rec}, "problems": [...],
+    "ok": bool}``.
+
+    Raises:
+        ValueError: ``expect_cuda``/``expect_cudnn`` are not dotted versions.
+    """
+    problems: list[Problem] = []
+    libs: dict[str, dict[str, Any]] = {}
+    libs["libcuda"], found = load_library("libcuda", "libcuda.so.1")
+    problems += found
+    if expect_cuda:
+        libs["libcudart"], found = load_library("libcudart", cudart_soname(expect_cuda))
+    else:
+        libs["libcudart"], found = _first_loadable(
+            "libcudart", ["libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0"]
+        )
+    problems += found
+    if expect_cudnn:
+        libs["libcudnn"], found = load_library("libcudnn", cudnn_soname(expect_cudnn))
+    else:
+        libs["libcudnn"], found = _first_loadable(
+            "libcudnn", ["libcudnn.so.9", "libcudnn.so.8"]
+        )
+    problems += found
+    problems += compare_cudart(libs["libcudart"], expect_cuda)
+    problems += compare_cudnn(libs["libcudnn"], expect_cudnn)
+    problems += compare_driver_runtime(libs["libcuda"], libs["libcudart"])
+    return {"libraries": libs, "problems": problems, "ok": not problems}
+
+
+# --- TensorFlow (imported lazily) -----------------------------------------------------------
+
+
+def json_safe(value: Any) -> Any:
+    """Make build-info values JSON-serialisable (tuples -> lists, unknown objects -> str)."""
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return str(value)
+
+
+def tensorflow_build_info() -> dict[str, Any]:
+    """Import TensorFlow and describe its build.
+
+    Returns ``{"version", "build_info", "is_cuda_build", "gpus", "error"}``; ``gpus`` is
+    ``len(tf.config.list_physical_devices("GPU"))``.  ``tf.sysconfig.get_build_info()`` holds
+    ``cuda_version``/``cudnn_version``/``is_cuda_build`` (reference section 1.4).  Import failures
+    are returned in ``error``, not raised.
+    """
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    try:
+        import tensorflow as tf
+    except Exception as exc:  # noqa: BLE001 - any import failure is the finding
+        return {
+            "version": None,
+            "build_info": {},
+            "is_cuda_build": None,
+            "gpus": None,
+            "error": f"import tensorflow failed: {type(exc).__name__}: {exc}",
+        }
+    build = json_safe(dict(tf.sysconfig.get_build_info()))
+    return {
+        "version": tf.__version__,
+        "build_info": build,
+        "is_cuda_build": bool(build.get("is_cuda_build", False)),
+        "gpus": len(tf.config.list_physical_devices("GPU")),
+        "error": None,
+    }
+
+
+def tensorflow_problems(
+    tf_info: dict[str, Any],
+    libs: dict[str, dict[str, Any]],
+    expect_tensorflow: str | None = None,
+) -> list[Problem]:
+    """Import failure, version pin and build-vs-loaded comparisons for TensorFlow."""
+    if tf_info.get("error"):
+        return [
+            problem(
+                "tensorflow",
+                f"{tf_info['error']} (interpreter {sys.executable}).",
+                "run the script with the venv's python and reinstall the pinned TensorFlow there "
+                "(tf_venv role)",
+            )
+        ]
+    problems: list[Problem] = []
+    if expect_tensorflow and tf_info.get("version") != expect_tensorflow:
+        problems.append(
+            problem(
+                "tensorflow",
+                f"TensorFlow {tf_info.get('version')} is installed, the stack pins {expect_tensorflow}.",
+                "rerun the tf_venv role for this stack (it installs the pinned wheel) or fix the pin",
+            )
+        )
+    return problems + compare_with_build(tf_info, libs)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command-line interface."""
+    parser = argparse.ArgumentParser(
+        description="Load libcuda, libcudart and libcudnn via ctypes, report the files and "
+        "versions really loaded, compare with the pins and TensorFlow's build; print JSON.",
+        epilog="Exit codes: 0 all checks passed, 1 a check failed, 2 usage error.",
+    )
+    parser.add_argument(
+        "--expect-cuda", metavar="X.Y", help="pinned CUDA version, e.g. 11.8"
+    )
+    parser.add_argument(
+        "--expect-cudnn", metavar="X.Y.Z", help="pinned cuDNN version, e.g. 8.6.0"
+    )
+    parser.add_argument(
+        "--expect-tensorflow", metavar="X.Y.Z", help="pinned TensorFlow version"
+    )
+    parser.add_argument(
+        "--no-tensorflow", action="store_true", help="do not import TensorFlow"
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """CLI entry point; returns the exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.expect_cuda:
+            cudart_soname(args.expect_cuda)
+        if args.expect_cudnn:
+            cudnn_soname(args.expect_cudnn)
+    except ValueError as exc:
+        parser.error(str(exc))
+    doc = check_libraries(args.expect_cuda, args.expect_cudnn)
+    doc["tensorflow"] = None
+    if not args.no_tensorflow:
+        doc["tensorflow"] = tensorflow_build_info()
+        doc["problems"] += tensorflow_problems(
+            doc["tensorflow"], doc["libraries"], args.expect_tensorflow
+        )
+    doc["ok"] = not doc["problems"]
+    print(dumps(doc))
+    return EXIT_OK if doc["ok"] else EXIT_CHECK_FAILED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,91 @@
+"""Small helpers shared by the GPU verification scripts (stdlib only).
+
+Every check reports failures as *problems*: ``{"check": str, "cause": str, "fix": str}``, one
+sentence each, so the fleet report can print them as they are.
+
+Exit codes used by every script in this folder:
+    0  all checks passed
+    1  a check failed (the JSON output says which, with cause and fix)
+    2  usage error (bad command-line arguments)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from typing import Any, Dict  # noqa: UP035 - Dict: see Problem below
+
+EXIT_OK = 0
+EXIT_CHECK_FAILED = 1
+EXIT_USAGE = 2
+
+# A run-time alias: typing.Dict because hosts may run Python 3.8, where dict[...] raises.
+Problem = Dict[str, str]  # noqa: UP006
+
+
+def problem(check: str, cause: str, fix: str) -> Problem:
+    """Build one problem record.
+
+    Args:
+        check: which check failed (``gpu_count``, ``libcuda``, ``libcudart``, ``libcudnn``,
+            ``driver``, ``tensorflow``, ``fit``).
+        cause: what is wrong, with the numbers/paths involved.
+        fix: what an administrator should do about it.
+    """
+    return {"check": check, "cause": cause, "fix": fix}
+
+
+def parse_version(text: str, parts: int, what: str = "version") -> tuple[int, ...]:
+    """Parse a dotted version such as ``"11.8"`` or ``"8.6.0"`` into a tuple of ``parts`` ints.
+
+    Extra components (``"8.6.0.163"``) are ignored; missing ones are an error.
+
+    Raises:
+        ValueError: the text has fewer than ``parts`` numeric components.
+    """
+    pieces = str(text).strip().split(".")
+    try:
+        numbers = tuple(int(p) for p in pieces[:parts])
+    except ValueError:
+        raise ValueError(
+            f"{what} {text!r} is not a dotted version like {'.'.join(['1'] * parts)}"
+        ) from None
+    if len(numbers) < parts:
+        raise ValueError(
+            f"{what} {text!r} needs {parts} components, like {'.'.join(['1'] * parts)}"
+        )
+    return numbers
+
+
+def dumps(document: Any) -> str:
+    """Serialise ``document`` as indented, key-sorted JSON (stable for diffs and tests)."""
+    return json.dumps(document, indent=2, sort_keys=True, default=str)
+
+
+def write_json_atomic(path: str, document: Any) -> None:
+    """Write ``document`` as JSON to ``path`` through a temp file + rename, so a reader
+    (Ansible's fetch) never sees half a file.
+
+    Raises:
+        OSError: the folder is not writable.
+    """
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=folder)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(dumps(document))
+            handle.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def tail(text: str | None, limit: int = 2000) -> str:
+    """Return the last ``limit`` characters of ``text`` (empty string for None)."""
+    if not text:
+        return ""
+    return text[-limit:]

@@ -1,0 +1,137 @@
+"""The sandbox host after site.yml: one behaviour per test (testinfra, podman backend)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
+CUDA = "/usr/local/cuda-11.8"
+VENV = "/opt/tensorflow/2.12"
+
+
+def test_toolkit_tree(host):
+    assert host.file(f"{CUDA}/bin/nvcc").is_file
+    lib64 = host.file(f"{CUDA}/lib64")
+    assert lib64.is_symlink and lib64.linked_to == f"{CUDA}/targets/x86_64-linux/lib"
+    version = json.loads(host.file(f"{CUDA}/version.json").content_string)
+    assert version["cuda_nvcc"]["version"] == "11.8.89"
+
+
+def test_default_symlink_points_at_default_toolkit(host):
+    link = host.file("/usr/local/cuda")
+    assert link.is_symlink and link.linked_to == CUDA
+
+
+def test_cudnn_headers_readable_with_pinned_version(host):
+    header = host.file(f"{CUDA}/include/cudnn_version.h")
+    assert header.mode & 0o444 == 0o444
+    text = header.content_string
+    for macro, value in (("MAJOR", 8), ("MINOR", 6), ("PATCHLEVEL", 0)):
+        assert f"#define CUDNN_{macro} {value}" in text
+
+
+def test_cudnn_symlink_chain_and_modes(host):
+    lib = f"{CUDA}/lib64"
+    assert host.file(f"{lib}/libcudnn.so").linked_to.endswith("/libcudnn.so.8.6.0")
+    assert host.run(f"readlink {lib}/libcudnn.so").stdout.strip() == "libcudnn.so.8"
+    assert host.run(f"readlink {lib}/libcudnn.so.8").stdout.strip() == "libcudnn.so.8.6.0"
+    real = host.file(f"{lib}/libcudnn.so.8.6.0")
+    assert real.is_file and not real.is_symlink and real.mode & 0o444 == 0o444
+
+
+def test_ldconfig_knows_cudnn_without_warnings(host):
+    out = host.run("ldconfig 2>&1; ldconfig -p")
+    assert "is not a symbolic link" not in out.stdout
+    assert f"libcudnn.so.8 (libc6,x86-64) => {CUDA}/lib64/libcudnn.so.8" in out.stdout.replace(
+        f"{CUDA}/targets/x86_64-linux/lib", f"{CUDA}/lib64")
+
+
+def test_ld_so_conf_names_only_the_default_toolkit(host):
+    conf = host.file("/etc/ld.so.conf.d/gpu-env.conf")
+    assert conf.mode == 0o644
+    lines = [line for line in conf.content_string.splitlines() if line and not line.startswith("#")]
+    assert lines == [f"{CUDA}/lib64"]
+
+
+def test_profile_puts_toolkit_on_path(host):
+    text = host.file("/etc/profile.d/gpu-env.sh").content_string
+    assert f"CUDA_HOME={CUDA}" in text
+    assert host.run("bash -lc 'command -v nvcc'").stdout.strip() == f"{CUDA}/bin/nvcc"
+
+
+def test_login_shell_finds_nvcc_11_8(host):
+    out = host.run("bash -lc 'nvcc --version'")
+    assert out.rc == 0 and "release 11.8, V11.8.89" in out.stdout
+
+
+def test_sudo_finds_nvcc_11_8(host):
+    out = host.run("sudo nvcc --version")
+    assert out.rc == 0 and "release 11.8, V11.8.89" in out.stdout
+
+
+def test_empty_environment_loads_cudnn_and_cudart(host):
+    code = (
+        "import ctypes;"
+        "d=ctypes.CDLL('libcudnn.so.8'); d.cudnnGetVersion.restype=ctypes.c_size_t;"
+        "r=ctypes.CDLL('libcudart.so.11.0'); v=ctypes.c_int(); r.cudaRuntimeGetVersion(ctypes.byref(v));"
+        "print(d.cudnnGetVersion(), v.value)"
+    )
+    out = host.run(f'env -i {VENV}/bin/python -c "{code}"')
+    assert out.rc == 0, out.stderr
+    assert out.stdout.split() == ["8600", "11080"]
+
+
+def test_venv_has_pinned_tensorflow(host):
+    out = host.run(f"{VENV}/bin/python -c \"import importlib.metadata as m; print(m.version('tensorflow-cpu'))\"")
+    assert out.stdout.strip() == "2.12.1"
+
+
+def test_venv_pip_trusts_the_given_ca_bundle(host):
+    assert f"cert = {VENV}/pip-ca-bundle.pem" in host.file(f"{VENV}/pip.conf").content_string
+    assert host.file(f"{VENV}/pip-ca-bundle.pem").is_file
+
+
+def test_driver_user_space_installed_and_kernel_steps_skipped(host):
+    assert host.file("/usr/lib/x86_64-linux-gnu/libcuda.so.520.61.05").is_file
+    assert not host.file("/etc/modprobe.d/blacklist-nouveau.conf").exists
+    assert len(host.run("nvidia-smi -L").stdout.strip().splitlines()) == 2
+
+
+def test_installers_removed_from_host_cache(host):
+    out = host.run("find /var/cache/gpu-artifacts -type f")
+    assert out.stdout.strip() == ""
+
+
+def test_report_json_fields():
+    report = json.loads((ROOT / "reports/fleet-report.json").read_text())
+    doc = next(iter(report["hosts"].values()))
+    assert doc["ok"] is True
+    assert doc["driver_version"] == "520.61.05"
+    assert doc["libraries"]["libcudart"]["version"] == "11.8"
+    assert doc["libraries"]["libcudnn"]["version"] == "8.6.0"
+    assert doc["libraries"]["libcudnn"]["path"].startswith(CUDA)
+    assert doc["tensorflow"]["version"] == "2.12.1"
+    assert (doc["gpus"]["expected"], doc["gpus"]["seen"]) == (2, 2)
+    assert doc["fit"]["num_replicas_in_sync"] == 2
+    assert doc["fit"]["loss_end"] < doc["fit"]["loss_start"]
+    assert doc["mode"] == "cpu-replicas"
+    assert report["summary"]["failed"] == 0
+
+
+def test_more_gpus_expected_than_seen_fails_verification(tmp_path):
+    """playbooks/verify.yml on its own, with the inventory expecting 3 GPUs on a 2-GPU host."""
+    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"))
+    out = subprocess.run(
+        [str(Path(sys.executable).with_name("ansible-playbook")), str(ROOT / "playbooks/verify.yml"),
+         "-i", os.environ["MOLECULE_INVENTORY_FILE"],
+         "-e", "gpu_verify_expected_gpu_count=3", "-e", f"gpu_verify_report_dir={tmp_path}"],
+        capture_output=True, text=True, env=env, cwd=ROOT, timeout=600,
+    )
+    assert out.returncode != 0
+    assert "Expected 3 GPUs, nvidia-smi sees 2 (1 missing)" in out.stdout
+    report = json.loads((tmp_path / "fleet-report.json").read_text())
+    assert report["summary"]["failed"] == 1

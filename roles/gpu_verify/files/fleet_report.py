@@ -1,0 +1,353 @@
+#!/usr/bin/env python3
+"""Write the fleet report from the per-host ``gpu_verify.py`` documents (runs on the controller).
+
+Input (``--input FILE`` or ``--input -`` for stdin): a JSON object keyed by inventory hostname.
+Each value is one of
+
+* a ``gpu_verify.py`` document (schema 1),
+* a list of such documents (one per TensorFlow stack/venv on that host), shown one row each,
+* ``{"unreachable": true, "error": "..."}`` for a host Ansible could not reach,
+* ``{"ok": false, "problems": [{"check", "cause", "fix"}]}`` for a host whose verification could
+  not run.
+
+Output:
+
+* ``<out-dir>/fleet-report.json``: ``{"generated_at": ISO 8601 UTC, "run_id", "hosts": {host:
+  {"status": "PASS"|"FAIL", "rows": [row, ...], "problems": [...], "results": [doc, ...]}},
+  "summary": {"hosts", "passed", "failed", "unreachable"}}``; a host passes only if every stack on
+  it passed.
+* ``<out-dir>/fleet-report.md``: the same table in Markdown, with every cause and fix below it.
+* stdout: the table as plain text, causes and fixes below it.
+
+Versions shown are the ones really loaded (libraries' decoded versions, nvidia-smi's driver),
+not the pins.  Times are seconds; throughput is samples/s.
+
+Exit codes: 0 the report was written (whatever the hosts' results; the playbook decides), 2 bad
+input or usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Sequence
+from typing import Any, TextIO
+
+EXIT_OK = 0
+EXIT_USAGE = 2
+
+COLUMNS = (
+    ("host", "host"),
+    ("status", "status"),
+    ("driver", "driver"),
+    ("cuda", "CUDA"),
+    ("cudnn", "cuDNN"),
+    ("tensorflow", "TensorFlow"),
+    ("gpus", "GPUs (exp/seen)"),
+    ("replicas", "replicas"),
+    ("loss", "loss start→end"),
+    ("fit_seconds", "fit s"),
+    ("samples_per_second", "samples/s"),
+    ("mode", "mode"),
+    ("problems", "problems"),
+)
+PROBLEMS_CELL_WIDTH = 40
+
+
+class BadInput(ValueError):
+    """The input is not a JSON object of host results."""
+
+
+def _get(doc: Any, *keys: str) -> Any:
+    """Nested ``dict.get`` that tolerates missing levels and non-dict values."""
+    for key in keys:
+        if not isinstance(doc, dict):
+            return None
+        doc = doc.get(key)
+    return doc
+
+
+def _num(value: Any, digits: int) -> str:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return "-"
+    return f"{value:.{digits}f}"
+
+
+def host_problems(doc: Any) -> list[dict[str, str]]:
+    """The problems of one host result, synthesising one where the result does not explain
+    itself (unreachable, not an object, failed without a list)."""
+    if not isinstance(doc, dict):
+        return [
+            {
+                "check": "report",
+                "cause": f"Result is not a JSON object: {str(doc)[:200]}",
+                "fix": "check the gpu_verify role's fetch step for this host",
+            }
+        ]
+    if doc.get("unreachable"):
+        return [
+            {
+                "check": "unreachable",
+                "cause": f"Host unreachable: {doc.get('error') or 'no detail'}",
+                "fix": "check SSH access and that the host is up (`ansible -m ping <host>`), then rerun",
+            }
+        ]
+    problems = [p for p in doc.get("problems") or [] if isinstance(p, dict)]
+    if not problems and doc.get("ok") is not True:
+        problems = [
+            {
+                "check": "report",
+                "cause": f"Verification did not report success: {doc.get('error') or 'no problems listed'}",
+                "fix": "run gpu_verify.py by hand on the host with --format table",
+            }
+        ]
+    return problems
+
+
+def build_row(host: str, doc: Any) -> dict[str, Any]:
+    """One table row (strings) plus ``status`` for a host's result document."""
+    problems = host_problems(doc)
+    passed = isinstance(doc, dict) and doc.get("ok") is True and not problems
+    stack = _get(doc, "stack")
+    gpus = _get(doc, "gpus") or {}
+    expected = (
+        gpus.get("expected", _get(doc, "expected", "gpus"))
+        if isinstance(gpus, dict)
+        else None
+    )
+    seen = gpus.get("seen") if isinstance(gpus, dict) else None
+    loss_start, loss_end = _get(doc, "fit", "loss_start"), _get(doc, "fit", "loss_end")
+    checks = sorted({str(p.get("check")) for p in problems})
+    problems_cell = ", ".join(checks) if checks else ""
+    if len(problems_cell) > PROBLEMS_CELL_WIDTH:
+        problems_cell = problems_cell[: PROBLEMS_CELL_WIDTH - 1] + "…"
+    loss = "-"
+    if loss_start is not None or loss_end is not None:
+        loss = f"{_num(loss_start, 3)}→{_num(loss_end, 3)}"
+    replicas = _get(doc, "fit", "num_replicas_in_sync")
+    return {
+        "host": f"{host} ({stack})" if stack else host,
+        "status": "PASS" if passed else "FAIL",
+        "driver": _get(doc, "driver_version")
+        or _get(doc, "gpus", "driver_version")
+        or "-",
+        "cuda": _get(doc, "libraries", "libcudart", "version") or "-",
+        "cudnn": _get(doc, "libraries", "libcudnn", "version") or "-",
+        "tensorflow": _get(doc, "tensorflow", "version") or "-",
+        "gpus": f"{'-' if expected is None else expected}/{'-' if seen is None else seen}",
+        "replicas": "-" if replicas is None else str(replicas),
+        "loss": loss,
+        "fit_seconds": _num(_get(doc, "fit", "fit_seconds"), 2),
+        "samples_per_second": _num(_get(doc, "fit", "samples_per_second"), 1),
+        "mode": _get(doc, "mode") or "-",
+        "problems": ("TIMED OUT " if _get(doc, "fit", "timed_out") else "")
+        + problems_cell,
+        "_problems": problems,
+        "_mode_note": _get(doc, "mode_note"),
+        "_unreachable": bool(_get(doc, "unreachable")),
+    }
+
+
+def build_report(
+    results: dict[str, Any], run_id: str | None, now: datetime.datetime | None = None
+) -> dict[str, Any]:
+    """The fleet-report.json document (rows included) from the input object."""
+    # datetime.UTC is Python 3.11+; keep this runnable by older controllers.
+    now = now or datetime.datetime.now(datetime.timezone.utc)  # noqa: UP017
+    hosts: dict[str, Any] = {}
+    for host in sorted(results):
+        value = results[host]
+        docs = value if isinstance(value, list) and value else [value]
+        rows = [build_row(host, doc) for doc in docs]
+        status = "PASS" if all(r["status"] == "PASS" for r in rows) else "FAIL"
+        hosts[host] = {
+            "status": status,
+            "unreachable": any(r["_unreachable"] for r in rows),
+            "rows": [
+                {k: v for k, v in r.items() if not k.startswith("_")} for r in rows
+            ],
+            "problems": [
+                dict(p, stack=r["host"]) for r in rows for p in r["_problems"]
+            ],
+            "mode_notes": sorted({r["_mode_note"] for r in rows if r["_mode_note"]}),
+            "results": docs,
+        }
+    passed = sum(1 for h in hosts.values() if h["status"] == "PASS")
+    return {
+        "generated_at": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "run_id": run_id,
+        "hosts": hosts,
+        "summary": {
+            "hosts": len(hosts),
+            "passed": passed,
+            "failed": len(hosts) - passed,
+            "unreachable": sum(1 for h in hosts.values() if h["unreachable"]),
+        },
+    }
+
+
+def _rows(report: dict[str, Any]) -> list[dict[str, str]]:
+    return [row for host in report["hosts"].values() for row in host["rows"]]
+
+
+def _details(
+    report: dict[str, Any],
+) -> tuple[list[str], list[tuple[str, dict[str, str]]]]:
+    notes = [
+        f"{name}: {note}"
+        for name, host in report["hosts"].items()
+        for note in host["mode_notes"]
+    ]
+    problems = [
+        (p.get("stack", name), p)
+        for name, host in report["hosts"].items()
+        for p in host["problems"]
+    ]
+    return notes, problems
+
+
+def format_text(report: dict[str, Any]) -> str:
+    """Plain-text table (columns padded) with notes, causes and fixes below it."""
+    headers = [title for _, title in COLUMNS]
+    rows = [[row[key] for key, _ in COLUMNS] for row in _rows(report)]
+    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip()]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    summary = report["summary"]
+    lines.append("")
+    lines.append(
+        f"{summary['hosts']} hosts: {summary['passed']} passed, {summary['failed']} failed "
+        f"({summary['unreachable']} unreachable); generated {report['generated_at']}"
+        + (f", run {report['run_id']}" if report.get("run_id") else "")
+    )
+    notes, problems = _details(report)
+    if notes:
+        lines += ["", "Notes:"] + [f"  {n}" for n in notes]
+    if problems:
+        lines += ["", "Problems:"]
+        for where, p in problems:
+            lines.append(f"  {where} [{p.get('check')}]: {p.get('cause')}")
+            lines.append(f"      fix: {p.get('fix')}")
+    return "\n".join(lines) + "\n"
+
+
+def _md(cell: Any) -> str:
+    return str(cell).replace("|", "\\|").replace("\n", " ")
+
+
+def format_markdown(report: dict[str, Any]) -> str:
+    """Markdown version of the report."""
+    summary = report["summary"]
+    title = "# GPU fleet report" + (
+        f" — run {report['run_id']}" if report.get("run_id") else ""
+    )
+    lines = [
+        title,
+        "",
+        (
+            f"Generated {report['generated_at']}: {summary['hosts']} hosts, "
+            f"{summary['passed']} passed, {summary['failed']} failed "
+            f"({summary['unreachable']} unreachable)."
+        ),
+        "",
+        "| " + " | ".join(_md(t) for _, t in COLUMNS) + " |",
+        "|" + "|".join("---" for _ in COLUMNS) + "|",
+    ]
+    for row in _rows(report):
+        lines.append("| " + " | ".join(_md(row[k]) for k, _ in COLUMNS) + " |")
+    notes, problems = _details(report)
+    if notes:
+        lines += ["", "## Notes", ""] + [f"- {_md(n)}" for n in notes]
+    if problems:
+        lines += ["", "## Problems", ""]
+        for where, p in problems:
+            lines.append(
+                f"- **{_md(where)}** `{_md(p.get('check'))}`: {_md(p.get('cause'))}  "
+            )
+            lines.append(f"  Fix: {_md(p.get('fix'))}")
+    return "\n".join(lines) + "\n"
+
+
+def _write(path: str, text: str) -> None:
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=folder)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(text)
+    os.replace(tmp, path)
+
+
+def load_input(source: str, stdin: TextIO) -> dict[str, Any]:
+    """Read and validate the input object.
+
+    Raises:
+        BadInput: unreadable file, invalid JSON, or not an object.
+    """
+    try:
+        if source == "-":
+            text = stdin.read()
+        else:
+            with open(source, encoding="utf-8") as handle:
+                text = handle.read()
+        data = json.loads(text)
+    except (OSError, ValueError) as exc:
+        raise BadInput(f"cannot read {source}: {exc}") from None
+    if not isinstance(data, dict):
+        raise BadInput(
+            f"{source} must hold a JSON object {{hostname: result}}, got {type(data).__name__}"
+        )
+    return data
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command-line interface."""
+    parser = argparse.ArgumentParser(
+        description="Write fleet-report.json and fleet-report.md from per-host gpu_verify results "
+        "and print the table.",
+        epilog="Exit codes: 0 report written (whatever the hosts' results), 2 bad input or usage error.",
+    )
+    parser.add_argument(
+        "--input", required=True, help="JSON file {hostname: result}, or - for stdin"
+    )
+    parser.add_argument(
+        "--out-dir",
+        required=True,
+        help="folder for fleet-report.json and fleet-report.md",
+    )
+    parser.add_argument("--run-id", help="label for this run, shown in the report")
+    return parser
+
+
+def main(
+    argv: Sequence[str] | None = None,
+    stdin: TextIO = sys.stdin,
+    stdout: TextIO = sys.stdout,
+) -> int:
+    """CLI entry point; returns the exit code."""
+    args = build_parser().parse_args(argv)
+    try:
+        results = load_input(args.input, stdin)
+    except BadInput as exc:
+        print(f"fleet_report: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    report = build_report(results, args.run_id)
+    try:
+        os.makedirs(args.out_dir, exist_ok=True)
+        _write(
+            os.path.join(args.out_dir, "fleet-report.json"),
+            json.dumps(report, indent=2, sort_keys=True, default=str) + "\n",
+        )
+        _write(os.path.join(args.out_dir, "fleet-report.md"), format_markdown(report))
+    except OSError as exc:
+        print(f"fleet_report: cannot write to {args.out_dir}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    stdout.write(format_text(report))
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,305 @@
+"""fleet_report.py: report files, table columns, failing and unreachable hosts."""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import io
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+SCRIPT = (
+    Path(__file__).resolve().parents[2]
+    / "roles"
+    / "gpu_verify"
+    / "files"
+    / "fleet_report.py"
+)
+sys.path.insert(0, str(SCRIPT.parent))
+
+import fleet_report
+
+HEADERS = [
+    "host",
+    "status",
+    "driver",
+    "CUDA",
+    "cuDNN",
+    "TensorFlow",
+    "GPUs (exp/seen)",
+    "replicas",
+    "loss start→end",
+    "fit s",
+    "samples/s",
+    "mode",
+    "problems",
+]
+
+
+def passing_doc() -> dict[str, Any]:
+    return {
+        "schema": 1,
+        "host": "gpu01",
+        "stack": "tf2.12",
+        "ok": True,
+        "mode": "gpu",
+        "mode_note": None,
+        "driver_version": "520.61.05",
+        "gpus": {
+            "expected": 2,
+            "seen": 2,
+            "missing": 0,
+            "driver_version": "520.61.05",
+            "ok": True,
+        },
+        "libraries": {
+            "libcuda": {"version": "11.8", "ok": True},
+            "libcudart": {
+                "version": "11.8",
+                "path": "/usr/local/cuda-11.8/lib64/libcudart.so.11.8.89",
+                "ok": True,
+            },
+            "libcudnn": {
+                "version": "8.6.0",
+                "path": "/usr/local/cuda-11.8/lib64/libcudnn.so.8.6.0",
+                "ok": True,
+            },
+        },
+        "tensorflow": {"version": "2.12.1", "is_cuda_build": True, "gpus": 2},
+        "fit": {
+            "ok": True,
+            "num_replicas_in_sync": 2,
+            "loss_start": 2.4028,
+            "loss_end": 0.5953,
+            "fit_seconds": 3.214,
+            "samples_per_second": 1234.56,
+            "timed_out": False,
+        },
+        "problems": [],
+        # pins differ from what is loaded on purpose: the report must show the loaded versions
+        "expected": {
+            "gpus": 2,
+            "driver": "999.1",
+            "cuda": "99.9",
+            "cudnn": "9.9.9",
+            "tensorflow": "9.9.9",
+        },
+        "seconds": 12.3,
+    }
+
+
+def failing_doc() -> dict[str, Any]:
+    doc = passing_doc()
+    doc.update(ok=False, host="gpu02")
+    doc["gpus"].update(seen=1, missing=1, ok=False)
+    doc["libraries"]["libcudnn"]["version"] = "8.1.1"
+    doc["fit"].update(ok=False, num_replicas_in_sync=1)
+    doc["problems"] = [
+        {
+            "check": "gpu_count",
+            "cause": "Expected 2 GPUs, nvidia-smi sees 1 (1 missing).",
+            "fix": "reseat it",
+        },
+        {
+            "check": "libcudnn",
+            "cause": "cuDNN libcudnn.so.8 at /usr/lib/x | y is 8.1.1, the stack pins 8.6.0.",
+            "fix": "reorder",
+        },
+    ]
+    return doc
+
+
+def cpu_doc() -> dict[str, Any]:
+    doc = passing_doc()
+    doc.update(
+        mode="cpu-replicas",
+        mode_note="fit ran on 2 logical CPU devices (--cpu-replicas 2), not on GPUs",
+    )
+    return doc
+
+
+RESULTS = {
+    "gpu01": passing_doc(),
+    "gpu02": failing_doc(),
+    "gpu03": {
+        "unreachable": True,
+        "error": "ssh: connect to host gpu03 port 22: No route to host",
+    },
+    "gpu04": {
+        "ok": False,
+        "problems": [
+            {"check": "fit", "cause": "fit.py not found", "fix": "rerun the role"}
+        ],
+    },
+    "sandbox": cpu_doc(),
+}
+
+
+def test_rows_show_loaded_versions_and_columns() -> None:
+    report = fleet_report.build_report(
+        RESULTS,
+        "r1",
+        datetime.datetime(2026, 11, 29, 12, 0, tzinfo=datetime.timezone.utc),  # noqa: UP017
+    )
+    row = report["hosts"]["gpu01"]["rows"][0]
+    assert row == {
+        "host": "gpu01 (tf2.12)",
+        "status": "PASS",
+        "driver": "520.61.05",
+        "cuda": "11.8",
+        "cudnn": "8.6.0",
+        "tensorflow": "2.12.1",
+        "gpus": "2/2",
+        "replicas": "2",
+        "loss": "2.403→0.595",
+        "fit_seconds": "3.21",
+        "samples_per_second": "1234.6",
+        "mode": "gpu",
+        "problems": "",
+    }
+    assert report["generated_at"] == "2026-11-29T12:00:00Z" and report["run_id"] == "r1"
+    assert report["summary"] == {"hosts": 5, "passed": 2, "failed": 3, "unreachable": 1}
+
+
+def test_failing_and_unreachable_hosts() -> None:
+    report = fleet_report.build_report(RESULTS, None)
+    gpu02 = report["hosts"]["gpu02"]
+    assert gpu02["status"] == "FAIL"
+    assert gpu02["rows"][0]["gpus"] == "2/1" and gpu02["rows"][0]["cudnn"] == "8.1.1"
+    assert gpu02["rows"][0]["problems"] == "gpu_count, libcudnn"
+    gpu03 = report["hosts"]["gpu03"]
+    assert gpu03["status"] == "FAIL" and gpu03["unreachable"] is True
+    assert gpu03["rows"][0]["problems"] == "unreachable"
+    assert "No route to host" in gpu03["problems"][0]["cause"]
+    assert report["hosts"]["gpu04"]["problems"][0]["cause"] == "fit.py not found"
+
+
+def test_ok_true_with_problems_or_ok_false_without_is_a_failure() -> None:
+    odd = passing_doc()
+    odd["problems"] = [{"check": "fit", "cause": "c", "fix": "f"}]
+    silent = {"ok": False, "error": "boom"}
+    report = fleet_report.build_report({"a": odd, "b": silent, "c": "garbage"}, None)
+    assert [report["hosts"][h]["status"] for h in "abc"] == ["FAIL"] * 3
+    assert "boom" in report["hosts"]["b"]["problems"][0]["cause"]
+
+
+def test_one_row_per_stack_and_host_fails_if_any_stack_fails() -> None:
+    other = failing_doc()
+    other["stack"] = "tf2.15"
+    report = fleet_report.build_report({"gpu01": [passing_doc(), other]}, None)
+    host = report["hosts"]["gpu01"]
+    assert [r["host"] for r in host["rows"]] == ["gpu01 (tf2.12)", "gpu01 (tf2.15)"]
+    assert host["status"] == "FAIL" and report["summary"]["failed"] == 1
+
+
+def test_text_table(tmp_path: Path) -> None:
+    out = io.StringIO()
+    source = tmp_path / "results.json"
+    source.write_text(json.dumps(RESULTS))
+    assert (
+        fleet_report.main(
+            ["--input", str(source), "--out-dir", str(tmp_path / "reports")], stdout=out
+        )
+        == 0
+    )
+    lines = out.getvalue().splitlines()
+    assert re.split(r"\s{2,}", lines[0].strip()) == HEADERS
+    by_host = {line.split()[0]: line for line in lines[2:7]}
+    assert (
+        by_host["gpu01"].split()[2] == "PASS" and by_host["gpu03"].split()[1] == "FAIL"
+    )
+    text = out.getvalue()
+    assert "5 hosts: 2 passed, 3 failed (1 unreachable)" in text
+    assert (
+        "sandbox: fit ran on 2 logical CPU devices (--cpu-replicas 2), not on GPUs"
+        in text
+    )
+    assert (
+        "gpu02 (tf2.12) [gpu_count]: Expected 2 GPUs, nvidia-smi sees 1 (1 missing)."
+        in text
+    )
+    assert "      fix: reseat it" in text
+
+
+def test_report_files(tmp_path: Path) -> None:
+    source = tmp_path / "results.json"
+    source.write_text(json.dumps(RESULTS))
+    out_dir = tmp_path / "reports"
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--input",
+            str(source),
+            "--out-dir",
+            str(out_dir),
+            "--run-id",
+            "42",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    data = json.loads((out_dir / "fleet-report.json").read_text())
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", data["generated_at"])
+    assert data["summary"] == {"hosts": 5, "passed": 2, "failed": 3, "unreachable": 1}
+    assert data["hosts"]["gpu02"]["results"] == [RESULTS["gpu02"]]
+    md = (out_dir / "fleet-report.md").read_text()
+    assert md.startswith("# GPU fleet report — run 42")
+    assert "| " + " | ".join(HEADERS) + " |" in md
+    assert (
+        "| gpu01 (tf2.12) | PASS | 520.61.05 | 11.8 | 8.6.0 | 2.12.1 | 2/2 | 2 | 2.403→0.595 | 3.21 | 1234.6 | gpu |  |"
+        in md
+    )
+    assert "/usr/lib/x \\| y" in md  # a pipe in a cause must not break the table
+    assert "Fix: reseat it" in md and "## Problems" in md
+
+
+def test_stdin_input(tmp_path: Path) -> None:
+    out = io.StringIO()
+    stdin = io.StringIO(json.dumps({"gpu01": passing_doc()}))
+    assert (
+        fleet_report.main(
+            ["--input", "-", "--out-dir", str(tmp_path)], stdin=stdin, stdout=out
+        )
+        == 0
+    )
+    assert (
+        tmp_path / "fleet-report.md"
+    ).exists() and "1 hosts: 1 passed, 0 failed" in out.getvalue()
+
+
+@pytest.mark.parametrize("text", ["not json", "[1, 2]", ""])
+def test_bad_input_exits_2(tmp_path: Path, text: str) -> None:
+    stdin = io.StringIO(text)
+    assert (
+        fleet_report.main(
+            ["--input", "-", "--out-dir", str(tmp_path)],
+            stdin=stdin,
+            stdout=io.StringIO(),
+        )
+        == 2
+    )
+    assert not (tmp_path / "fleet-report.json").exists()
+
+
+def test_missing_input_file_exits_2(tmp_path: Path) -> None:
+    assert (
+        fleet_report.main(
+            ["--input", str(tmp_path / "nope.json"), "--out-dir", str(tmp_path)]
+        )
+        == 2
+    )
+
+
+def test_input_is_not_modified() -> None:
+    before = copy.deepcopy(RESULTS)
+    fleet_report.build_report(RESULTS, None)
+    assert RESULTS == before

@@ -1,0 +1,348 @@
+"""Resolution of pinned stacks against the real version matrix and artifact manifest."""
+
+from __future__ import annotations
+
+import copy
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "filter_plugins"))
+
+import gpu_stack  # noqa: E402
+
+MATRIX = yaml.safe_load((ROOT / "data/version_matrix.yml").read_text())
+REAL_MANIFEST = yaml.safe_load((ROOT / "data/artifacts.yml").read_text())["artifacts"]
+
+
+def _manifest(**extra: dict) -> dict:
+    """The real manifest, with sha256 filled in where NVIDIA publishes none, plus extra entries."""
+    manifest = copy.deepcopy(REAL_MANIFEST)
+    for entry in manifest.values():
+        entry["sha256"] = entry["sha256"] or "0" * 64
+    for name, entry in extra.items():
+        manifest[name] = dict({"sha256": "1" * 64, "size_bytes": None, "url": None}, **entry)
+    return manifest
+
+
+CUDNN_89 = {"cudnn-linux-x86_64-8.9.7.29_cuda12-archive.tar.xz": {"component": "cudnn", "version": "8.9.7.29", "cuda_major": 12}}
+CUDNN_86_12 = {"cudnn-linux-x86_64-8.6.0.163_cuda12-archive.tar.xz": {"component": "cudnn", "version": "8.6.0.163", "cuda_major": 12}}
+CUDNN_93 = {"cudnn-linux-x86_64-9.3.0.75_cuda12-archive.tar.xz": {"component": "cudnn", "version": "9.3.0.75", "cuda_major": 12}}
+CUDNN_87 = {"cudnn-linux-x86_64-8.7.0.84_cuda11-archive.tar.xz": {"component": "cudnn", "version": "8.7.0.84", "cuda_major": 11}}
+CUDA_123 = {"cuda_12.3.2_545.23.08_linux.run": {"component": "cuda_toolkit", "version": "12.3.2", "nvcc_version": "12.3.107"}}
+DRIVER_535 = {"NVIDIA-Linux-x86_64-535.104.05.run": {"component": "nvidia_driver", "version": "535.104.05"}}
+
+
+def resolve(pins, python="3.11.2", driver="520.61.05", manifest=None, default="", driver_install=True, **host):
+    manifest = manifest if manifest is not None else _manifest()
+    pins = pins if isinstance(pins, list) else [pins]
+    host = dict({"python_versions": {p.get("python", "/usr/bin/python3"): python for p in pins},
+                 "driver_version": driver, "driver_install": driver_install}, **host)
+    return gpu_stack.resolve_stacks(pins, MATRIX, manifest, host, default)
+
+
+# --- the matrix itself --------------------------------------------------------------------------
+
+# TensorFlow's "Tested build configurations", Linux GPU (tensorflow/docs source.md @7c3650212740).
+TESTED = """
+2.21.0 3.10-3.13 9.3 12.5
+2.20.0 3.9-3.13 9.3 12.5
+2.19.0 3.9-3.12 9.3 12.5
+2.18.0 3.9-3.12 9.3 12.5
+2.17.0 3.9-3.12 8.9 12.3
+2.16.1 3.9-3.12 8.9 12.3
+2.15.0 3.9-3.11 8.9 12.2
+2.14.0 3.9-3.11 8.7 11.8
+2.13.0 3.8-3.11 8.6 11.8
+2.12.0 3.8-3.11 8.6 11.8
+2.11.0 3.7-3.10 8.1 11.2
+2.10.0 3.7-3.10 8.1 11.2
+2.9.0 3.7-3.10 8.1 11.2
+2.8.0 3.7-3.10 8.1 11.2
+2.7.0 3.7-3.9 8.1 11.2
+2.6.0 3.6-3.9 8.1 11.2
+2.5.0 3.6-3.9 8.1 11.2
+2.4.0 3.6-3.8 8.0 11.0
+"""
+
+
+@pytest.mark.parametrize("row", TESTED.split("\n")[1:-1])
+def test_matrix_reproduces_tensorflow_tested_configurations(row):
+    tf, python, cudnn, cuda = row.split()
+    entry = MATRIX["tensorflow"][gpu_stack._series(tf)]
+    assert gpu_stack._spec_text(entry["python"]) == python
+    assert entry["cudnn"] == cudnn
+    assert entry["cuda"] == cuda
+
+
+def test_every_matrix_cuda_series_has_a_release_with_a_min_driver():
+    for series, row in MATRIX["tensorflow"].items():
+        releases = [v for v in MATRIX["cuda"] if gpu_stack._starts(v, row["cuda"])]
+        assert releases, f"TensorFlow {series}: no CUDA {row['cuda']} release in the matrix"
+
+
+# --- good stacks --------------------------------------------------------------------------------
+
+def test_default_stack_resolves_from_tensorflow_alone():
+    result = resolve({"name": "tf2.12", "tensorflow": "2.12"})
+    assert result["ok"], result["messages"]
+    stack = result["stacks"][0]
+    assert stack["tensorflow"]["version"] == "2.12.1"
+    assert stack["cuda_toolkit"]["version"] == "11.8.0"
+    assert stack["cuda_toolkit"]["root"] == "/usr/local/cuda-11.8"
+    assert stack["cuda_toolkit"]["runfile"]["file"] == "cuda_11.8.0_520.61.05_linux.run"
+    assert stack["cuda_toolkit"]["min_driver"] == "520.61.05"
+    assert stack["cudnn"]["short"] == "8.6.0"
+    assert stack["cudnn"]["archive"]["file"] == "cudnn-linux-x86_64-8.6.0.163_cuda11-archive.tar.xz"
+    assert stack["venv"] == "/opt/tensorflow/2.12"
+    assert stack["default"] is True
+    assert result["driver"]["runfile"]["file"] == "NVIDIA-Linux-x86_64-520.61.05.run"
+
+
+def test_exact_pins_are_kept():
+    result = resolve({"name": "a", "tensorflow": "2.12.0", "cuda": "11.8.0", "cudnn": "8.6.0.163",
+                      "venv": "/srv/tf", "package": "tensorflow-cpu"})
+    stack = result["stacks"][0]
+    assert result["ok"]
+    assert (stack["tensorflow"]["version"], stack["venv"], stack["tensorflow"]["package"]) == ("2.12.0", "/srv/tf", "tensorflow-cpu")
+
+
+def test_tf_2_12_runs_on_driver_520_not_only_525():
+    # A common claim says TF 2.12 needs >= 525.60.13; CUDA 11.8 needs 520.61.05 (release notes).
+    assert resolve({"name": "a", "tensorflow": "2.12"}, driver="520.61.05")["ok"]
+
+
+def test_newer_cudnn_minor_is_accepted():
+    result = resolve({"name": "a", "tensorflow": "2.12", "cudnn": "8.7"}, manifest=_manifest(**CUDNN_87))
+    assert result["ok"], result["messages"]
+    assert result["stacks"][0]["cudnn"]["version"] == "8.7.0.84"
+
+
+def test_tf_2_15_with_cuda_12_2_and_cudnn_8_9():
+    result = resolve({"name": "a", "tensorflow": "2.15"}, driver="535.104.05",
+                     manifest=_manifest(**CUDNN_89, **DRIVER_535))
+    assert result["ok"], result["messages"]
+    assert result["stacks"][0]["cuda_toolkit"]["version"] == "12.2.2"
+
+
+def test_tf_2_18_with_cudnn_9():
+    result = resolve({"name": "a", "tensorflow": "2.18"}, python="3.12.3", driver="555.42.06",
+                     manifest=_manifest(**CUDNN_93, **{"NVIDIA-Linux-x86_64-555.42.06.run": {
+                         "component": "nvidia_driver", "version": "555.42.06"}}))
+    assert result["ok"], result["messages"]
+    assert result["stacks"][0]["cudnn"]["short"] == "9.3.0"
+
+
+def test_driver_not_required_in_manifest_when_not_installed_by_runfile():
+    manifest = _manifest()
+    del manifest["NVIDIA-Linux-x86_64-520.61.05.run"]
+    assert resolve({"name": "a", "tensorflow": "2.12"}, manifest=manifest, driver_install=False)["ok"]
+
+
+def test_known_bad_release_warns():
+    result = resolve({"name": "a", "tensorflow": "2.16.1"}, driver="545.23.08",
+                     manifest=_manifest(**CUDNN_89, **CUDA_123, **{"NVIDIA-Linux-x86_64-545.23.08.run": {
+                         "component": "nvidia_driver", "version": "545.23.08"}}))
+    assert result["ok"], result["messages"]
+    assert any("63362" in w["cause"] for w in result["warnings"])
+
+
+# --- bad stacks: exact messages -----------------------------------------------------------------
+
+def test_python_outside_tensorflow_range():
+    result = resolve({"name": "tf2.12", "tensorflow": "2.12"}, python="3.12.1")
+    assert not result["ok"]
+    assert result["messages"] == [
+        "tf2.12: TensorFlow 2.12 supports Python 3.8-3.11; /usr/bin/python3 on this host is 3.12.1. "
+        "Point the stack's python at a Python 3.8-3.11 interpreter, or pin TensorFlow 2.16-2.21 for Python 3.12."
+    ]
+
+
+def test_python_too_new_for_any_tensorflow():
+    result = resolve({"name": "x", "tensorflow": "2.12"}, python="3.14.0")
+    assert "no TensorFlow in the matrix supports Python 3.14" in result["messages"][0]
+
+
+def test_python_unreadable():
+    result = resolve({"name": "x", "tensorflow": "2.12", "python": "/opt/py/bin/python3"}, python="")
+    assert result["messages"] == [
+        "x: Could not read the version of /opt/py/bin/python3 on the host (''). "
+        "Install Python 3.8-3.11 or point the stack's python at it."
+    ]
+
+
+def test_unknown_tensorflow():
+    result = resolve({"name": "x", "tensorflow": "1.15"})
+    assert result["messages"] == [
+        "x: TensorFlow 1.15 is not in the version matrix. Pin one of TensorFlow 2.4-2.21, or add a row "
+        "with its sources to data/version_matrix.yml."
+    ]
+    assert result["stacks"] == []
+
+
+def test_tf_2_15_with_cudnn_8_6_is_refused():
+    result = resolve({"name": "tf2.15", "tensorflow": "2.15", "cudnn": "8.6"}, driver="535.104.05",
+                     manifest=_manifest(**CUDNN_86_12, **DRIVER_535))
+    assert result["messages"] == [
+        "tf2.15: TensorFlow 2.15 was built with cuDNN 8.9; it refuses cuDNN 8.6 (it needs the same major "
+        "and an equal or higher minor). Pin cuDNN 8.9 for TensorFlow 2.15."
+    ]
+
+
+def test_cudnn_other_major_is_refused():
+    result = resolve({"name": "a", "tensorflow": "2.17", "cudnn": "9.3"}, driver="545.23.08",
+                     manifest=_manifest(**CUDNN_93, **CUDA_123))
+    assert any("built with cuDNN 8.9; it refuses cuDNN 9.3" in m for m in result["messages"])
+
+
+def test_cudnn_pin_not_a_version():
+    result = resolve({"name": "a", "tensorflow": "2.12", "cudnn": "eight"})
+    assert "a: cuDNN pin 'eight' is not a version like 8.6 or 8.6.0.163. Pin cuDNN 8.6 for TensorFlow 2.12." in result["messages"]
+
+
+def test_cuda_12_2_with_driver_525_is_refused():
+    result = resolve({"name": "tf2.15", "tensorflow": "2.15"}, driver="525.147.05",
+                     manifest=_manifest(**CUDNN_89, **{"NVIDIA-Linux-x86_64-525.147.05.run": {
+                         "component": "nvidia_driver", "version": "525.147.05"}}))
+    assert result["messages"] == [
+        "tf2.15: CUDA 12.2.2 needs driver >= 535.104.05; the pinned driver is 525.147.05. "
+        "Raise nvidia_driver_version to >= 535.104.05 or pin TensorFlow 2.4-2.14."
+    ]
+
+
+def test_cuda_other_major_than_tensorflow_build():
+    result = resolve({"name": "a", "tensorflow": "2.12", "cuda": "12.2"})
+    assert ("a: TensorFlow 2.12 was built with CUDA 11.8; CUDA 12.2 is another major release, whose runtime "
+            "library TensorFlow does not load. Pin CUDA 11.8 for TensorFlow 2.12, or leave cuda out to take it "
+            "from the matrix.") in result["messages"]
+
+
+def test_cuda_other_minor_warns_only():
+    manifest = _manifest(**{"cuda_11.7.0_515.43.04_linux.run": {"component": "cuda_toolkit", "version": "11.7.0",
+                                                                 "nvcc_version": "11.7.64"}})
+    result = resolve({"name": "a", "tensorflow": "2.12", "cuda": "11.7"}, manifest=manifest)
+    assert result["ok"], result["messages"]
+    assert result["warnings"][0]["cause"] == "TensorFlow 2.12 was tested with CUDA 11.8, not 11.7."
+
+
+def test_cuda_runfile_missing_from_manifest():
+    manifest = _manifest()
+    del manifest["cuda_11.8.0_520.61.05_linux.run"]
+    result = resolve({"name": "a", "tensorflow": "2.12"}, manifest=manifest)
+    assert result["messages"] == [
+        "a: No CUDA 11.8 runfile is in the artifact manifest. Add its cuda_11.8*_linux.run entry with a sha256 "
+        "to an artifact manifest (gpu_preflight_manifest_files), or pin a CUDA release the manifest has."
+    ]
+
+
+def test_cudnn_archive_missing_for_cuda_major():
+    result = resolve({"name": "a", "tensorflow": "2.15"}, driver="535.104.05", manifest=_manifest(**DRIVER_535))
+    assert result["messages"] == [
+        "a: No cuDNN 8.9 archive for CUDA 12 is in the artifact manifest. Add its "
+        "cudnn-linux-x86_64-8.9*_cuda12-archive.tar.xz entry with a sha256 to an artifact manifest "
+        "(gpu_preflight_manifest_files)."
+    ]
+
+
+def test_artifact_without_sha256_is_refused():
+    result = resolve({"name": "a", "tensorflow": "2.12"}, manifest=copy.deepcopy(REAL_MANIFEST))
+    assert "a: cudnn-linux-x86_64-8.6.0.163_cuda11-archive.tar.xz has no sha256 in the artifact manifest. Add the " \
+        "sha256 of the file you downloaded to an overlay manifest (gpu_preflight_manifest_files); unpinned files " \
+        "are never installed." in result["messages"]
+    assert any(m.startswith("-: NVIDIA-Linux-x86_64-520.61.05.run has no sha256") for m in result["messages"])
+
+
+def test_driver_runfile_missing_from_manifest():
+    result = resolve({"name": "a", "tensorflow": "2.12"}, driver="530.30.02")
+    assert result["messages"] == [
+        "-: No NVIDIA-Linux-x86_64-530.30.02.run is in the artifact manifest. Add its entry with a sha256 to an "
+        "artifact manifest (gpu_preflight_manifest_files), or pin a driver the manifest has."
+    ]
+
+
+def test_compute_capability_below_wheel_floor():
+    result = resolve({"name": "tf2.17", "tensorflow": "2.17"}, driver="545.23.08",
+                     manifest=_manifest(**CUDNN_89, **CUDA_123, **{"NVIDIA-Linux-x86_64-545.23.08.run": {
+                         "component": "nvidia_driver", "version": "545.23.08"}}),
+                     gpus=[{"index": 0, "name": "NVIDIA GeForce GTX 980", "compute_cap": "5.2"}])
+    assert result["messages"] == [
+        "tf2.17: GPU 0 (NVIDIA GeForce GTX 980) has compute capability 5.2; the TensorFlow 2.17 wheel needs >= 6.0. "
+        "Pin an older TensorFlow that still ships code for it, or use newer GPUs."
+    ]
+
+
+def test_all_problems_are_reported_together():
+    result = resolve({"name": "old", "tensorflow": "2.10"}, python="3.11.2")
+    checks = [p["check"] for p in result["problems"]]
+    assert checks == ["python", "cuda", "cudnn"]
+
+
+def test_no_stacks():
+    assert resolve([])["messages"] == [
+        "-: No stack is pinned. Set gpu_preflight_stacks in the inventory (see inventories/gpu_hosts)."
+    ]
+
+
+def test_duplicate_stack_names():
+    result = resolve([{"name": "a", "tensorflow": "2.12"}, {"name": "a", "tensorflow": "2.13", "venv": "/x"}])
+    assert "a: Stack name 'a' is used twice. Give every stack in gpu_preflight_stacks its own name." in result["messages"]
+
+
+def test_unknown_default_stack():
+    result = resolve({"name": "a", "tensorflow": "2.12"}, default="b")
+    assert result["messages"] == [
+        "b: The default stack 'b' is not one of ['a']. Set gpu_preflight_default_stack to one of the stack names."
+    ]
+
+
+def test_two_stacks_share_a_venv():
+    result = resolve([{"name": "a", "tensorflow": "2.12"}, {"name": "b", "tensorflow": "2.12.0"}])
+    assert result["messages"] == [
+        "b: Stacks a and b share the virtual environment /opt/tensorflow/2.12. Give each stack its own venv path."
+    ]
+
+
+def test_two_stacks_want_different_cudnn_in_one_toolkit():
+    result = resolve([{"name": "a", "tensorflow": "2.12"}, {"name": "b", "tensorflow": "2.13", "cudnn": "8.7"}],
+                     manifest=_manifest(**CUDNN_87))
+    assert result["messages"] == [
+        "b: Stacks a and b want cuDNN 8.6.0.163 and 8.7.0.84 in the same /usr/local/cuda-11.8. "
+        "Pin the same cuDNN release for stacks that share a CUDA version."
+    ]
+
+
+def test_two_stacks_side_by_side_and_default():
+    result = resolve([{"name": "a", "tensorflow": "2.12"}, {"name": "b", "tensorflow": "2.15"}],
+                     driver="535.104.05", manifest=_manifest(**CUDNN_89, **DRIVER_535), default="b")
+    assert result["ok"], result["messages"]
+    assert [(s["name"], s["default"], s["cuda_toolkit"]["root"]) for s in result["stacks"]] == [
+        ("a", False, "/usr/local/cuda-11.8"), ("b", True, "/usr/local/cuda-12.2")]
+
+
+# --- helpers ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("spec", "text"), [(">=3.8,<3.12", "3.8-3.11"), (">=3.10,<3.14", "3.10-3.13")])
+def test_spec_text(spec, text):
+    assert gpu_stack._spec_text(spec) == text
+
+
+def test_versions_compare_as_versions_not_strings():
+    # "535.104.05" < "535.54.03" as strings, but not as versions.
+    assert gpu_stack._v("535.104.05") > gpu_stack._v("535.54.03")
+    result = resolve({"name": "a", "tensorflow": "2.15"}, driver="535.54.03",
+                     manifest=_manifest(**CUDNN_89, **{"NVIDIA-Linux-x86_64-535.54.03.run": {
+                         "component": "nvidia_driver", "version": "535.54.03"}}))
+    assert any("needs driver >= 535.104.05" in m for m in result["messages"])
+
+
+@pytest.mark.parametrize(("text", "version"), [
+    ("#define CUDNN_MAJOR 8\n#define CUDNN_MINOR 6\n#define CUDNN_PATCHLEVEL 0\n", "8.6.0"),
+    ("#define CUDNN_MAJOR 9\n#define CUDNN_MINOR 3\n#define CUDNN_PATCHLEVEL 0\n#define CUDNN_VERSION (CUDNN_MAJOR * 10000)", "9.3.0"),
+    ("#define CUDNN_MAJOR 8\n", ""),
+    ("", ""),
+])
+def test_cudnn_header_version(text, version):
+    assert gpu_stack.cudnn_header_version(text) == version

@@ -1,0 +1,194 @@
+"""fit.py: batch planning, fit checks and error classification without TensorFlow; the real
+MirroredStrategy fit on 2 logical CPU devices when GPU_VERIFY_TF_PYTHON names an interpreter
+that can import tensorflow."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+VERIFY_DIR = Path(__file__).resolve().parents[2] / "files" / "verify"
+sys.path.insert(0, str(VERIFY_DIR))
+
+import fit
+
+
+def good_result(**changes: Any) -> dict[str, Any]:
+    result = {
+        "mode": "cpu-replicas",
+        "num_replicas_in_sync": 2,
+        "devices": ["/cpu:0", "/cpu:1"],
+        "loss_start": 2.40,
+        "loss_end": 0.60,
+        "loss_history": [1.75, 0.93, 0.68],
+        "epochs": 3,
+    }
+    result.update(changes)
+    return result
+
+
+def test_plan_batches() -> None:
+    assert fit.plan_batches(16, 2) == 32
+    assert fit.plan_batches(16, 8) == 128
+    with pytest.raises(ValueError, match="per-replica batch"):
+        fit.plan_batches(0, 2)
+    with pytest.raises(ValueError, match="0 replicas"):
+        fit.plan_batches(16, 0)
+
+
+def test_check_fit_passes_a_good_result() -> None:
+    assert fit.check_fit(good_result(), 2) == []
+
+
+def test_check_fit_replica_mismatch() -> None:
+    (found,) = fit.check_fit(
+        good_result(mode="gpu", num_replicas_in_sync=1, devices=["/gpu:0"]), 2
+    )
+    assert found["check"] == "fit"
+    assert "ran 1 replicas, expected 2" in found["cause"] and "/gpu:0" in found["cause"]
+    assert "CUDA_VISIBLE_DEVICES" in found["fix"]
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("loss_end", math.nan),
+        ("loss_start", math.inf),
+        ("loss_history", [1.0, math.nan, 0.5]),
+    ],
+)
+def test_check_fit_non_finite_loss(field: str, value: Any) -> None:
+    (found,) = fit.check_fit(good_result(**{field: value}), 2)
+    assert "not finite" in found["cause"]
+
+
+def test_check_fit_loss_not_falling() -> None:
+    (found,) = fit.check_fit(good_result(loss_start=2.30, loss_end=2.31), 2)
+    assert (
+        found["cause"]
+        == "Loss did not fall: 2.3000 before training, 2.3100 after 3 epochs."
+    )
+    assert "nvidia-smi topo -m" in found["fix"]
+
+
+def test_classify_exception() -> None:
+    cause, fix = fit.classify_exception(
+        "ResourceExhaustedError", "OOM when allocating tensor with shape[64,16,32,32]"
+    )
+    assert cause.startswith("Out of GPU memory") and "--per-replica-batch" in fix
+    message = (
+        "Loaded runtime CuDNN library: 8.8.0 but source was compiled with: 8.9.4. CuDNN library needs "
+        "to have matching major version and equal or higher minor version."
+    )
+    cause, _ = fit.classify_exception("FailedPreconditionError", message)
+    assert "refused the loaded cuDNN" in cause and "8.8.0" in cause
+    cause, fix = fit.classify_exception(
+        "UnknownError", "NCCL operation ncclAllReduce failed: unhandled system error"
+    )
+    assert "NCCL" in cause and "IOMMU" in fix and "nvidia-smi topo -m" in fix
+    cause, _ = fit.classify_exception(
+        "InternalError", "CUDA driver version is insufficient for CUDA runtime version"
+    )
+    assert "driver is too old" in cause
+    cause, fix = fit.classify_exception("ValueError", "something odd")
+    assert "ValueError" in cause and "traceback" in fix
+
+
+def test_usage_errors_exit_2_without_tensorflow() -> None:
+    for argv in (["--cpu-replicas", "-1"], ["--steps", "0"], ["--image-size", "2"]):
+        with pytest.raises(SystemExit) as exc:
+            fit.main(argv)
+        assert exc.value.code == 2
+
+
+def test_help_works_without_tensorflow() -> None:
+    done = subprocess.run(
+        [sys.executable, str(VERIFY_DIR / "fit.py"), "--help"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0 and "--cpu-replicas" in done.stdout
+
+
+def tf_python() -> str:
+    """The interpreter from GPU_VERIFY_TF_PYTHON, or skip when it is unset or lacks tensorflow."""
+    python = os.environ.get("GPU_VERIFY_TF_PYTHON")
+    if not python:
+        pytest.skip(
+            "set GPU_VERIFY_TF_PYTHON to a python that has tensorflow to run the real fit"
+        )
+    probe = subprocess.run(
+        [python, "-c", "import tensorflow"],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+    )
+    if probe.returncode != 0:
+        pytest.skip(f"{python} cannot import tensorflow: {probe.stderr.strip()[-200:]}")
+    return python
+
+
+def test_real_fit_on_two_logical_cpus(tmp_path: Path) -> None:
+    python = tf_python()
+    progress = tmp_path / "progress.jsonl"
+    done = subprocess.run(
+        [
+            python,
+            str(VERIFY_DIR / "fit.py"),
+            "--cpu-replicas",
+            "2",
+            "--progress",
+            str(progress),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    result = json.loads(done.stdout)  # stdout holds only the JSON document
+    assert result["ok"] is True and result["problems"] == [] and result["error"] is None
+    assert result["mode"] == "cpu-replicas"
+    assert result["num_replicas_in_sync"] == 2 and len(result["devices"]) == 2
+    assert all("CPU" in d for d in result["devices"])
+    assert result["global_batch_size"] == 2 * result["per_replica_batch_size"] == 32
+    assert len(result["loss_history"]) == result["epochs"] == 3
+    assert result["loss_end"] < result["loss_start"]
+    assert result["fit_seconds"] > 0 and result["samples_per_second"] > 0
+    assert result["tensorflow"]["version"] == result["tensorflow_version"]
+    stages = [json.loads(line)["stage"] for line in progress.read_text().splitlines()]
+    assert stages[0] == "import" and stages[-1] == "done" and "epoch" in stages
+
+
+def test_real_fit_expected_replicas_mismatch(tmp_path: Path) -> None:
+    python = tf_python()
+    done = subprocess.run(
+        [
+            python,
+            str(VERIFY_DIR / "fit.py"),
+            "--cpu-replicas",
+            "2",
+            "--expected-replicas",
+            "3",
+            "--epochs",
+            "1",
+            "--steps",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 1
+    result = json.loads(done.stdout)
+    assert "ran 2 replicas, expected 3" in result["problems"][0]["cause"]
