@@ -148,8 +148,14 @@ def resolve_stack(pin: dict, matrix: dict, manifest: dict, host: dict) -> dict:
         return {"ok": False, "stack": None, "problems": problems, "warnings": warnings}
     tf_version = tf_row["latest"] if tf_pin == tf_series else tf_pin
     if tf_version in matrix.get("known_bad", {}):
-        warnings.append({"stack": name, "check": "tensorflow", "cause": f"TensorFlow {tf_version}: "
-                         + matrix["known_bad"][tf_version].strip(), "fix": ""})
+        warnings.append(
+            {
+                "stack": name,
+                "check": "tensorflow",
+                "cause": f"TensorFlow {tf_version}: " + matrix["known_bad"][tf_version].strip(),
+                "fix": "",
+            }
+        )
 
     # Python: TensorFlow's tested range.
     python_path = pin.get("python") or DEFAULT_PYTHON
@@ -158,18 +164,23 @@ def resolve_stack(pin: dict, matrix: dict, manifest: dict, host: dict) -> dict:
         py_version = _v(py_text)
     except InvalidVersion:
         py_version = None
-        problem("python", f"Could not read the version of {python_path} on the host ({py_text!r}).",
-                f"Install Python {_spec_text(tf_row['python'])} or point the stack's python at it.")
+        problem(
+            "python",
+            f"Could not read the version of {python_path} on the host ({py_text!r}).",
+            f"Install Python {_spec_text(tf_row['python'])} or point the stack's python at it.",
+        )
     if py_version is not None and not SpecifierSet(tf_row["python"]).contains(py_version):
         fits = tensorflow_series_for_python(matrix, py_version)
-        alternative = (f"pin TensorFlow {_range_text(fits)} for Python {_series(py_text)}"
-                       if fits else f"no TensorFlow in the matrix supports Python {_series(py_text)}")
+        alternative = (
+            f"pin TensorFlow {_range_text(fits)} for Python {_series(py_text)}"
+            if fits
+            else f"no TensorFlow in the matrix supports Python {_series(py_text)}"
+        )
         problem(
             "python",
             f"TensorFlow {tf_series} supports Python {_spec_text(tf_row['python'])}; "
             f"{python_path} on this host is {py_text}.",
-            f"Point the stack's python at a Python {_spec_text(tf_row['python'])} interpreter, or "
-            f"{alternative}.",
+            f"Point the stack's python at a Python {_spec_text(tf_row['python'])} interpreter, or {alternative}.",
         )
 
     # CUDA: the toolkit TensorFlow was built with, unless the user chose a compatible one.
@@ -183,22 +194,33 @@ def resolve_stack(pin: dict, matrix: dict, manifest: dict, host: dict) -> dict:
             f"Pin CUDA {built_cuda} for TensorFlow {tf_series}, or leave cuda out to take it from the matrix.",
         )
     elif _series(cuda_pin) != built_cuda:
-        warnings.append({"stack": name, "check": "cuda", "cause": f"TensorFlow {tf_series} was tested "
-                         f"with CUDA {built_cuda}, not {_series(cuda_pin)}.",
-                         "fix": f"Pin CUDA {built_cuda} unless you have tested {_series(cuda_pin)}."})
+        warnings.append(
+            {
+                "stack": name,
+                "check": "cuda",
+                "cause": f"TensorFlow {tf_series} was tested with CUDA {built_cuda}, not {_series(cuda_pin)}.",
+                "fix": f"Pin CUDA {built_cuda} unless you have tested {_series(cuda_pin)}.",
+            }
+        )
     cuda = None
     picked = _pick_artifact(manifest, "cuda_toolkit", cuda_pin)
     if picked is None:
-        problem("cuda", f"No CUDA {cuda_pin} runfile is in the artifact manifest.",
-                f"Add its cuda_{cuda_pin}*_linux.run entry with a sha256 to an artifact manifest "
-                "(gpu_preflight_manifest_files), or pin a CUDA release the manifest has.")
+        problem(
+            "cuda",
+            f"No CUDA {cuda_pin} runfile is in the artifact manifest.",
+            f"Add its cuda_{cuda_pin}*_linux.run entry with a sha256 to an artifact manifest "
+            "(gpu_preflight_manifest_files), or pin a CUDA release the manifest has.",
+        )
     else:
         runfile, entry = picked
         cuda_version = str(entry["version"])
         min_driver = cuda_min_driver(matrix, cuda_version)
         if min_driver is None:
-            problem("cuda", f"CUDA {cuda_version} has no minimum-driver row in the version matrix.",
-                    "Add it to data/version_matrix.yml from NVIDIA's CUDA release notes.")
+            problem(
+                "cuda",
+                f"CUDA {cuda_version} has no minimum-driver row in the version matrix.",
+                "Add it to data/version_matrix.yml from NVIDIA's CUDA release notes.",
+            )
         cuda = {
             "version": cuda_version,
             "series": _series(cuda_version),
@@ -217,8 +239,11 @@ def resolve_stack(pin: dict, matrix: dict, manifest: dict, host: dict) -> dict:
     except ValueError:
         p_parts = []
     if len(p_parts) < 2:
-        problem("cudnn", f"cuDNN pin {cudnn_pin!r} is not a version like 8.6 or 8.6.0.163.",
-                f"Pin cuDNN {built_cudnn} for TensorFlow {tf_series}.")
+        problem(
+            "cudnn",
+            f"cuDNN pin {cudnn_pin!r} is not a version like 8.6 or 8.6.0.163.",
+            f"Pin cuDNN {built_cudnn} for TensorFlow {tf_series}.",
+        )
     elif p_parts[0] != b_major or p_parts[1] < b_minor:
         problem(
             "cudnn",
@@ -230,9 +255,12 @@ def resolve_stack(pin: dict, matrix: dict, manifest: dict, host: dict) -> dict:
     cuda_major = int(cuda_pin.split(".")[0])
     picked = _pick_artifact(manifest, "cudnn", cudnn_pin, cuda_major=cuda_major)
     if picked is None:
-        problem("cudnn", f"No cuDNN {cudnn_pin} archive for CUDA {cuda_major} is in the artifact manifest.",
-                f"Add its cudnn-linux-x86_64-{cudnn_pin}*_cuda{cuda_major}-archive.tar.xz entry with a sha256 "
-                "to an artifact manifest (gpu_preflight_manifest_files).")
+        problem(
+            "cudnn",
+            f"No cuDNN {cudnn_pin} archive for CUDA {cuda_major} is in the artifact manifest.",
+            f"Add its cudnn-linux-x86_64-{cudnn_pin}*_cuda{cuda_major}-archive.tar.xz entry with a sha256 "
+            "to an artifact manifest (gpu_preflight_manifest_files).",
+        )
     else:
         archive, entry = picked
         version = str(entry["version"])
@@ -250,11 +278,10 @@ def resolve_stack(pin: dict, matrix: dict, manifest: dict, host: dict) -> dict:
         driver = _v(driver_text)
         if driver < _v(cuda["min_driver"]):
             older = [s for s in tensorflow_series_for_driver(matrix, driver) if _v(s) < _v(tf_series)]
-            alternative = (f" or pin TensorFlow {_range_text(older)}" if older else "")
+            alternative = f" or pin TensorFlow {_range_text(older)}" if older else ""
             problem(
                 "driver",
-                f"CUDA {cuda['version']} needs driver >= {cuda['min_driver']}; the pinned driver is "
-                f"{driver_text}.",
+                f"CUDA {cuda['version']} needs driver >= {cuda['min_driver']}; the pinned driver is {driver_text}.",
                 f"Raise nvidia_driver_version to >= {cuda['min_driver']}{alternative}.",
             )
 
@@ -272,9 +299,12 @@ def resolve_stack(pin: dict, matrix: dict, manifest: dict, host: dict) -> dict:
 
     for part, rec in (("cuda", cuda and cuda["runfile"]), ("cudnn", cudnn and cudnn["archive"])):
         if rec and not rec["sha256"]:
-            problem(part, f"{rec['file']} has no sha256 in the artifact manifest.",
-                    "Add the sha256 of the file you downloaded to an overlay manifest "
-                    "(gpu_preflight_manifest_files); unpinned files are never installed.")
+            problem(
+                part,
+                f"{rec['file']} has no sha256 in the artifact manifest.",
+                "Add the sha256 of the file you downloaded to an overlay manifest "
+                "(gpu_preflight_manifest_files); unpinned files are never installed.",
+            )
 
     series_dir = tf_series
     stack = {
@@ -294,8 +324,7 @@ def resolve_stack(pin: dict, matrix: dict, manifest: dict, host: dict) -> dict:
     return {"ok": not problems, "stack": stack, "problems": problems, "warnings": warnings}
 
 
-def resolve_stacks(pins: list[dict], matrix: dict, manifest: dict, host: dict,
-                   default: str = "") -> dict:
+def resolve_stacks(pins: list[dict], matrix: dict, manifest: dict, host: dict, default: str = "") -> dict:
     """Resolve every stack of a host and check that they can live side by side.
 
     Args:
@@ -317,33 +346,60 @@ def resolve_stacks(pins: list[dict], matrix: dict, manifest: dict, host: dict,
     warnings: list[Problem] = []
     stacks: list[dict] = []
     if not pins:
-        problems.append({"stack": "-", "check": "stacks", "cause": "No stack is pinned.",
-                         "fix": "Set gpu_preflight_stacks in the inventory (see inventories/gpu_hosts)."})
+        problems.append(
+            {
+                "stack": "-",
+                "check": "stacks",
+                "cause": "No stack is pinned.",
+                "fix": "Set gpu_preflight_stacks in the inventory (see inventories/gpu_hosts).",
+            }
+        )
     names = [p.get("name") for p in pins]
     for dup in sorted({n for n in names if names.count(n) > 1}):
-        problems.append({"stack": dup, "check": "stacks", "cause": f"Stack name {dup!r} is used twice.",
-                         "fix": "Give every stack in gpu_preflight_stacks its own name."})
+        problems.append(
+            {
+                "stack": dup,
+                "check": "stacks",
+                "cause": f"Stack name {dup!r} is used twice.",
+                "fix": "Give every stack in gpu_preflight_stacks its own name.",
+            }
+        )
     default = default or (names[0] if names else "")
     if pins and default not in names:
-        problems.append({"stack": default, "check": "stacks",
-                         "cause": f"The default stack {default!r} is not one of {names}.",
-                         "fix": "Set gpu_preflight_default_stack to one of the stack names."})
+        problems.append(
+            {
+                "stack": default,
+                "check": "stacks",
+                "cause": f"The default stack {default!r} is not one of {names}.",
+                "fix": "Set gpu_preflight_default_stack to one of the stack names.",
+            }
+        )
     driver = None
     driver_text = str(host.get("driver_version") or "")
     if host.get("driver_install") and driver_text:
         picked = _pick_artifact(manifest, "nvidia_driver", driver_text)
         if picked is None or str(picked[1]["version"]) != driver_text:
-            problems.append({"stack": "-", "check": "driver",
-                             "cause": f"No NVIDIA-Linux-x86_64-{driver_text}.run is in the artifact manifest.",
-                             "fix": "Add its entry with a sha256 to an artifact manifest "
-                             "(gpu_preflight_manifest_files), or pin a driver the manifest has."})
+            problems.append(
+                {
+                    "stack": "-",
+                    "check": "driver",
+                    "cause": f"No NVIDIA-Linux-x86_64-{driver_text}.run is in the artifact manifest.",
+                    "fix": "Add its entry with a sha256 to an artifact manifest "
+                    "(gpu_preflight_manifest_files), or pin a driver the manifest has.",
+                }
+            )
         else:
             driver = {"version": driver_text, "runfile": _artifact_record(*picked)}
             if not picked[1].get("sha256"):
-                problems.append({"stack": "-", "check": "driver",
-                                 "cause": f"{picked[0]} has no sha256 in the artifact manifest.",
-                                 "fix": "Add the sha256 of the file you downloaded to an overlay manifest "
-                                 "(gpu_preflight_manifest_files); unpinned files are never installed."})
+                problems.append(
+                    {
+                        "stack": "-",
+                        "check": "driver",
+                        "cause": f"{picked[0]} has no sha256 in the artifact manifest.",
+                        "fix": "Add the sha256 of the file you downloaded to an overlay manifest "
+                        "(gpu_preflight_manifest_files); unpinned files are never installed.",
+                    }
+                )
     python_versions = host.get("python_versions") or {}
     for pin in pins:
         one_host = dict(host, python_version=python_versions.get(pin.get("python") or DEFAULT_PYTHON, ""))
@@ -362,24 +418,46 @@ def resolve_stacks(pins: list[dict], matrix: dict, manifest: dict, host: dict,
             other = by_root.setdefault(cuda["root"], stack)
             o_cuda, o_cudnn = other["cuda_toolkit"], other["cudnn"]
             if other is not stack and o_cuda["version"] != cuda["version"]:
-                problems.append({"stack": stack["name"], "check": "cuda",
-                                 "cause": f"Stacks {other['name']} and {stack['name']} want CUDA "
-                                 f"{o_cuda['version']} and {cuda['version']} in the same {cuda['root']}.",
-                                 "fix": "Pin the same CUDA release in both stacks."})
+                problems.append(
+                    {
+                        "stack": stack["name"],
+                        "check": "cuda",
+                        "cause": f"Stacks {other['name']} and {stack['name']} want CUDA "
+                        f"{o_cuda['version']} and {cuda['version']} in the same {cuda['root']}.",
+                        "fix": "Pin the same CUDA release in both stacks.",
+                    }
+                )
             if other is not stack and cudnn and o_cudnn and o_cudnn["version"] != cudnn["version"]:
-                problems.append({"stack": stack["name"], "check": "cudnn",
-                                 "cause": f"Stacks {other['name']} and {stack['name']} want cuDNN "
-                                 f"{o_cudnn['version']} and {cudnn['version']} in the same {cuda['root']}.",
-                                 "fix": "Pin the same cuDNN release for stacks that share a CUDA version."})
+                problems.append(
+                    {
+                        "stack": stack["name"],
+                        "check": "cudnn",
+                        "cause": f"Stacks {other['name']} and {stack['name']} want cuDNN "
+                        f"{o_cudnn['version']} and {cudnn['version']} in the same {cuda['root']}.",
+                        "fix": "Pin the same cuDNN release for stacks that share a CUDA version.",
+                    }
+                )
         if stack["venv"] in by_venv:
-            problems.append({"stack": stack["name"], "check": "venv",
-                             "cause": f"Stacks {by_venv[stack['venv']]} and {stack['name']} share the "
-                             f"virtual environment {stack['venv']}.",
-                             "fix": "Give each stack its own venv path."})
+            problems.append(
+                {
+                    "stack": stack["name"],
+                    "check": "venv",
+                    "cause": f"Stacks {by_venv[stack['venv']]} and {stack['name']} share the "
+                    f"virtual environment {stack['venv']}.",
+                    "fix": "Give each stack its own venv path.",
+                }
+            )
         by_venv.setdefault(stack["venv"], stack["name"])
     messages = [f"{p['stack']}: {p['cause']} {p['fix']}".strip() for p in problems]
-    return {"ok": not problems, "stacks": stacks, "default": default, "driver": driver, "problems": problems,
-            "warnings": warnings, "messages": messages}
+    return {
+        "ok": not problems,
+        "stacks": stacks,
+        "default": default,
+        "driver": driver,
+        "problems": problems,
+        "warnings": warnings,
+        "messages": messages,
+    }
 
 
 def cudnn_header_version(text: str) -> str:

@@ -20,9 +20,7 @@ def load_builder() -> ModuleType:
     name = "build_standins"
     if name in sys.modules:
         return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(
-        name, NVIDIA_FIXTURES / "build_standins.py"
-    )
+    spec = importlib.util.spec_from_file_location(name, NVIDIA_FIXTURES / "build_standins.py")
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
@@ -67,9 +65,7 @@ class NvidiaSmiStandin:
             env["NVIDIA_STANDIN_GPUS"] = str(self.gpus_dir / "does-not-exist.json")
         else:
             path = Path(description)
-            env["NVIDIA_STANDIN_GPUS"] = str(
-                path if path.is_absolute() else self.gpus_dir / path
-            )
+            env["NVIDIA_STANDIN_GPUS"] = str(path if path.is_absolute() else self.gpus_dir / path)
         return env
 
     def run(

@@ -55,14 +55,10 @@ def plan_batches(per_replica: int, replicas: int) -> int:
     if per_replica < 1:
         raise ValueError(f"per-replica batch must be >= 1, got {per_replica}")
     if replicas < 1:
-        raise ValueError(
-            f"MirroredStrategy has {replicas} replicas; it needs at least 1 device"
-        )
+        raise ValueError(f"MirroredStrategy has {replicas} replicas; it needs at least 1 device")
     global_batch = per_replica * replicas
     if global_batch % replicas:
-        raise ValueError(
-            f"global batch {global_batch} is not divisible by {replicas} replicas"
-        )
+        raise ValueError(f"global batch {global_batch} is not divisible by {replicas} replicas")
     return global_batch
 
 
@@ -91,9 +87,7 @@ def check_fit(result: dict[str, Any], expected_replicas: int) -> list[Problem]:
                 fix,
             )
         )
-    losses = [result.get("loss_start"), result.get("loss_end")] + list(
-        result.get("loss_history") or []
-    )
+    losses = [result.get("loss_start"), result.get("loss_end")] + list(result.get("loss_history") or [])
     if not all(_finite(v) for v in losses):
         problems.append(
             problem(
@@ -121,17 +115,10 @@ def classify_exception(type_name: str, message: str) -> tuple[str, str]:
     """Likely (cause, fix) for an exception raised by the fit, from TensorFlow's error texts."""
     text = message.lower()
     first = message.strip().splitlines()[0][:300] if message.strip() else type_name
-    if (
-        type_name == "ResourceExhaustedError"
-        or "out of memory" in text
-        or "oom when allocating" in text
-    ):
+    if type_name == "ResourceExhaustedError" or "out of memory" in text or "oom when allocating" in text:
         return (
             f"Out of GPU memory during the fit ({type_name}: {first}).",
-            (
-                "free the GPUs (`nvidia-smi` lists other processes) or lower "
-                "--per-replica-batch / --image-size"
-            ),
+            ("free the GPUs (`nvidia-smi` lists other processes) or lower --per-replica-batch / --image-size"),
         )
     if "loaded runtime cudnn library" in text:
         return (
@@ -149,10 +136,7 @@ def classify_exception(type_name: str, message: str) -> tuple[str, str]:
                 "the wrong version, or out of GPU memory at init"
             ),
         )
-    if (
-        "driver version is insufficient" in text
-        or "cuda_error_insufficient_driver" in text
-    ):
+    if "driver version is insufficient" in text or "cuda_error_insufficient_driver" in text:
         return (
             f"The NVIDIA driver is too old for TensorFlow's CUDA runtime ({first}).",
             "upgrade the driver (nvidia_driver role) to the branch the stack's CUDA needs",
@@ -199,16 +183,12 @@ class Progress:
             handle.write(json.dumps(record, default=str) + "\n")
 
 
-def make_dataset(
-    tf: Any, np: Any, samples: int, image_size: int, global_batch: int, seed: int
-) -> tuple[Any, Any]:
+def make_dataset(tf: Any, np: Any, samples: int, image_size: int, global_batch: int, seed: int) -> tuple[Any, Any]:
     """Random images with learnable labels: noise plus a per-image colour; label = brightest
     channel.  Returns (dataset batched by the global batch with drop_remainder, None)."""
     rng = np.random.default_rng(seed)
     colours = rng.uniform(0.0, 1.0, size=(samples, 1, 1, 3)).astype("float32")
-    noise = rng.uniform(0.0, 1.0, size=(samples, image_size, image_size, 3)).astype(
-        "float32"
-    )
+    noise = rng.uniform(0.0, 1.0, size=(samples, image_size, image_size, 3)).astype("float32")
     images = 0.5 * noise + colours
     labels = np.argmax(colours[:, 0, 0, :], axis=1).astype("int32")
     dataset = tf.data.Dataset.from_tensor_slices((images, labels))
@@ -254,7 +234,7 @@ def run_fit(args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
     try:
         import numpy as np
         import tensorflow as tf
-    except Exception as exc:  # noqa: BLE001 - an import failure is the finding
+    except Exception as exc:
         result["error"] = f"import tensorflow failed: {type(exc).__name__}: {exc}"
         result["problems"].append(
             problem(
@@ -280,14 +260,9 @@ def run_fit(args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
             cpus = tf.config.list_physical_devices("CPU")
             tf.config.set_logical_device_configuration(
                 cpus[0],
-                [
-                    tf.config.LogicalDeviceConfiguration()
-                    for _ in range(args.cpu_replicas)
-                ],
+                [tf.config.LogicalDeviceConfiguration() for _ in range(args.cpu_replicas)],
             )
-            strategy = tf.distribute.MirroredStrategy(
-                devices=[f"/cpu:{i}" for i in range(args.cpu_replicas)]
-            )
+            strategy = tf.distribute.MirroredStrategy(devices=[f"/cpu:{i}" for i in range(args.cpu_replicas)])
         else:
             if not gpus:
                 raise RuntimeError(
@@ -307,9 +282,7 @@ def run_fit(args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
 
         tf.keras.utils.set_random_seed(args.seed)
         samples = global_batch * args.steps
-        dataset, _ = make_dataset(
-            tf, np, samples, args.image_size, global_batch, args.seed
-        )
+        dataset, _ = make_dataset(tf, np, samples, args.image_size, global_batch, args.seed)
         with strategy.scope():
             model = tf.keras.Sequential(
                 [
@@ -338,9 +311,7 @@ def run_fit(args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
         result["loss_start"] = _scalar_loss(model.evaluate(dataset, verbose=0))
         progress.write("fit")
         started = time.perf_counter()
-        history = model.fit(
-            dataset, epochs=args.epochs, verbose=0, callbacks=[EpochTimer()]
-        )
+        history = model.fit(dataset, epochs=args.epochs, verbose=0, callbacks=[EpochTimer()])
         fit_seconds = time.perf_counter() - started
         progress.write("evaluate-after")
         result["loss_end"] = _scalar_loss(model.evaluate(dataset, verbose=0))
@@ -350,11 +321,9 @@ def run_fit(args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
         result["samples_per_second"] = round(samples * args.epochs / fit_seconds, 1)
         if len(epoch_seconds) > 1:
             # The first epoch includes tracing/compilation; later ones show steady throughput.
-            result["steady_samples_per_second"] = round(
-                samples * (len(epoch_seconds) - 1) / sum(epoch_seconds[1:]), 1
-            )
+            result["steady_samples_per_second"] = round(samples * (len(epoch_seconds) - 1) / sum(epoch_seconds[1:]), 1)
         result["loaded_libraries"] = libraries.mapped_library_versions()
-    except Exception as exc:  # noqa: BLE001 - every TF failure becomes a cause + fix
+    except Exception as exc:
         name = type(exc).__name__
         result["error"] = f"{name}: {exc}"
         cause, fix = classify_exception(name, str(exc))
@@ -415,12 +384,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=16,
         help="samples per replica per step (default 16)",
     )
-    parser.add_argument(
-        "--steps", type=positive_int, default=8, help="steps per epoch (default 8)"
-    )
-    parser.add_argument(
-        "--epochs", type=positive_int, default=3, help="epochs (default 3)"
-    )
+    parser.add_argument("--steps", type=positive_int, default=8, help="steps per epoch (default 8)")
+    parser.add_argument("--epochs", type=positive_int, default=3, help="epochs (default 3)")
     parser.add_argument(
         "--image-size",
         type=positive_int,
@@ -439,9 +404,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=1234,
         help="random seed for data and weights (default 1234)",
     )
-    parser.add_argument(
-        "--progress", metavar="PATH", help="append JSON-lines progress records to PATH"
-    )
+    parser.add_argument("--progress", metavar="PATH", help="append JSON-lines progress records to PATH")
     return parser
 
 

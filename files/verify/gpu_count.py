@@ -137,9 +137,7 @@ def parse_query_csv(text: str) -> list[dict[str, Any]]:
         try:
             index_number = int(index)
         except ValueError:
-            raise ValueError(
-                f"unexpected GPU index {index!r} in nvidia-smi output"
-            ) from None
+            raise ValueError(f"unexpected GPU index {index!r} in nvidia-smi output") from None
         try:
             bus_id = normalise_bus_id(bus_id)
         except ValueError:
@@ -175,9 +173,7 @@ def parse_lspci(text: str) -> list[str]:
     return sorted(bus_ids)
 
 
-def count_problem(
-    expected: int, seen: int, missing_bus_ids: Sequence[str] = ()
-) -> Problem | None:
+def count_problem(expected: int, seen: int, missing_bus_ids: Sequence[str] = ()) -> Problem | None:
     """The problem for a count mismatch in either direction, or None when ``seen == expected``."""
     if seen == expected:
         return None
@@ -185,9 +181,7 @@ def count_problem(
         missing = expected - seen
         cause = f"Expected {expected} GPUs, nvidia-smi sees {seen} ({missing} missing)."
         if missing_bus_ids:
-            cause = cause[:-1] + (
-                f"; on the PCI bus but not in nvidia-smi: {', '.join(missing_bus_ids)}."
-            )
+            cause = cause[:-1] + (f"; on the PCI bus but not in nvidia-smi: {', '.join(missing_bus_ids)}.")
         return problem("gpu_count", cause, FIX_MISSING)
     extra = seen - expected
     return problem(
@@ -202,8 +196,7 @@ def failure_problem(nvidia_smi: str, result: CommandResult, expected: int) -> Pr
     if result.error == "not-found":
         return problem(
             "gpu_count",
-            f"nvidia-smi not found or not executable at {nvidia_smi!r}; no NVIDIA driver userspace "
-            "on this host.",
+            f"nvidia-smi not found or not executable at {nvidia_smi!r}; no NVIDIA driver userspace on this host.",
             "install the driver (nvidia_driver role) or pass --nvidia-smi with the right path",
         )
     if result.error == "timeout":
@@ -296,14 +289,10 @@ def evaluate(
         seen=seen,
         missing=max(0, expected - seen),
         extra=max(0, seen - expected),
-        devices=[
-            {k: v for k, v in d.items() if k != "driver_version"} for d in devices
-        ],
+        devices=[{k: v for k, v in d.items() if k != "driver_version"} for d in devices],
     )
     drivers = sorted({d["driver_version"] for d in devices})
-    doc["driver_version"] = (
-        drivers[0] if len(drivers) == 1 else (", ".join(drivers) or None)
-    )
+    doc["driver_version"] = drivers[0] if len(drivers) == 1 else (", ".join(drivers) or None)
     if pci_bus_ids is not None:
         smi_ids = {d["pci_bus_id"] for d in devices}
         doc["missing_bus_ids"] = sorted(set(pci_bus_ids) - smi_ids)
@@ -319,9 +308,7 @@ def run_command(argv: Sequence[str], timeout: float) -> CommandResult:
     """Run ``argv`` with a ``timeout`` in seconds, capturing text output; never raises for the
     usual failures (missing binary, permission, timeout), which come back in ``error``."""
     try:
-        done = subprocess.run(
-            list(argv), capture_output=True, text=True, timeout=timeout, check=False
-        )
+        done = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, check=False)
     except (FileNotFoundError, PermissionError, NotADirectoryError):
         return CommandResult(None, "", "", "not-found")
     except subprocess.TimeoutExpired:
@@ -387,9 +374,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="lspci",
         help="lspci path for the PCI cross-check (default: from PATH)",
     )
-    parser.add_argument(
-        "--no-lspci", action="store_true", help="skip the PCI bus cross-check"
-    )
+    parser.add_argument("--no-lspci", action="store_true", help="skip the PCI bus cross-check")
     parser.add_argument(
         "--timeout",
         type=float,

@@ -67,9 +67,7 @@ KILL_GRACE_SECONDS = 5.0
 # --- pure checks ----------------------------------------------------------------------------
 
 
-def driver_problems(
-    driver_version: str | None, expect_driver: str | None
-) -> list[Problem]:
+def driver_problems(driver_version: str | None, expect_driver: str | None) -> list[Problem]:
     """nvidia-smi's driver version must equal the pin (skipped when nvidia-smi gave none)."""
     if not expect_driver or not driver_version or driver_version == expect_driver:
         return []
@@ -84,9 +82,7 @@ def driver_problems(
     ]
 
 
-def tensorflow_gpu_problems(
-    tf_info: dict[str, Any], expected_gpus: int, smi_seen: int
-) -> list[Problem]:
+def tensorflow_gpu_problems(tf_info: dict[str, Any], expected_gpus: int, smi_seen: int) -> list[Problem]:
     """In GPU mode TensorFlow must see every expected GPU."""
     gpus = tf_info.get("gpus")
     if tf_info.get("error") or gpus is None or gpus == expected_gpus:
@@ -153,10 +149,7 @@ def mode_note(cpu_replicas: int) -> str | None:
     """Plain statement that the fit did not use GPUs (None in GPU mode)."""
     if cpu_replicas <= 0:
         return None
-    return (
-        f"fit ran on {cpu_replicas} logical CPU devices (--cpu-replicas {cpu_replicas}), "
-        "not on GPUs"
-    )
+    return f"fit ran on {cpu_replicas} logical CPU devices (--cpu-replicas {cpu_replicas}), not on GPUs"
 
 
 def read_progress(path: str) -> list[dict[str, Any]]:
@@ -189,10 +182,7 @@ def timeout_problem(timeout: float, progress: list[dict[str, Any]]) -> Problem:
             "quickly and `dmesg | grep -i -e xid -e nvrm`; then " + NCCL_HANG_FIX
         )
     else:
-        fix = (
-            "a multi-GPU all-reduce that never returns is usually NCCL/P2P: "
-            + NCCL_HANG_FIX
-        )
+        fix = "a multi-GPU all-reduce that never returns is usually NCCL/P2P: " + NCCL_HANG_FIX
     return problem(
         "fit",
         f"The MirroredStrategy fit did not finish within {timeout:g} s and was killed ({where}).",
@@ -242,9 +232,7 @@ def kill_group(proc: subprocess.Popen[str]) -> None:
             continue
 
 
-def run_fit_subprocess(
-    fit_argv: Sequence[str], timeout: float, fit_script: str
-) -> dict[str, Any]:
+def run_fit_subprocess(fit_argv: Sequence[str], timeout: float, fit_script: str) -> dict[str, Any]:
     """Run ``fit_script`` with this interpreter under ``timeout`` seconds.
 
     Returns the fit result document plus ``timed_out``, ``returncode`` and (when not ok)
@@ -288,9 +276,7 @@ def run_fit_subprocess(
     result["timed_out"] = timed_out
     result["returncode"] = proc.returncode
     if "tensorflow" not in result or result["tensorflow"] is None:
-        tf_records = [
-            r["tensorflow"] for r in progress if r.get("stage") == "tensorflow"
-        ]
+        tf_records = [r["tensorflow"] for r in progress if r.get("stage") == "tensorflow"]
         result["tensorflow"] = tf_records[-1] if tf_records else None
     if timed_out:
         found = timeout_problem(timeout, progress)
@@ -311,9 +297,7 @@ def verify(args: argparse.Namespace) -> dict[str, Any]:
     """Run every check and assemble the output document."""
     started = time.monotonic()
     problems: list[Problem] = []
-    gpus = gpu_count.check_gpus(
-        args.expected_gpus, args.nvidia_smi, lspci=None if args.no_lspci else args.lspci
-    )
+    gpus = gpu_count.check_gpus(args.expected_gpus, args.nvidia_smi, lspci=None if args.no_lspci else args.lspci)
     problems += gpus["problems"]
     problems += driver_problems(gpus["driver_version"], args.expect_driver)
 
@@ -321,9 +305,7 @@ def verify(args: argparse.Namespace) -> dict[str, Any]:
     libs = libs_doc["libraries"]
     problems += libs_doc["problems"]
 
-    expected_replicas = (
-        args.cpu_replicas if args.cpu_replicas > 0 else args.expected_gpus
-    )
+    expected_replicas = args.cpu_replicas if args.cpu_replicas > 0 else args.expected_gpus
     fit_argv = [
         "--cpu-replicas",
         str(args.cpu_replicas),
@@ -350,16 +332,10 @@ def verify(args: argparse.Namespace) -> dict[str, Any]:
     fit_problems = fit.get("problems") or []
     if not any(p.get("check") == "tensorflow" for p in fit_problems):
         if not tf_info.get("error"):
-            problems += libraries.tensorflow_problems(
-                tf_info, libs, args.expect_tensorflow
-            )
+            problems += libraries.tensorflow_problems(tf_info, libs, args.expect_tensorflow)
         if args.cpu_replicas == 0:
-            problems += tensorflow_gpu_problems(
-                tf_info, args.expected_gpus, gpus["seen"]
-            )
-    problems += tf_loaded_library_problems(
-        fit.get("loaded_libraries"), libs, args.expect_cuda, args.expect_cudnn
-    )
+            problems += tensorflow_gpu_problems(tf_info, args.expected_gpus, gpus["seen"])
+    problems += tf_loaded_library_problems(fit.get("loaded_libraries"), libs, args.expect_cuda, args.expect_cudnn)
     problems += fit_problems
 
     return {
@@ -425,8 +401,7 @@ def format_table(doc: dict[str, Any]) -> str:
         f"  fit         {_fmt(fit.get('num_replicas_in_sync'))} replicas, global batch "
         f"{_fmt(fit.get('global_batch_size'))}, loss {_fmt(fit.get('loss_start'))} -> "
         f"{_fmt(fit.get('loss_end'))}, {_fmt(fit.get('fit_seconds'), 2)} s, "
-        f"{_fmt(fit.get('samples_per_second'), 1)} samples/s"
-        + (", TIMED OUT" if fit.get("timed_out") else "")
+        f"{_fmt(fit.get('samples_per_second'), 1)} samples/s" + (", TIMED OUT" if fit.get("timed_out") else "")
     )
     problems = doc.get("problems") or []
     if problems:
@@ -458,18 +433,10 @@ def build_parser() -> argparse.ArgumentParser:
         required=True,
         help="GPUs the inventory expects on this host",
     )
-    parser.add_argument(
-        "--expect-driver", metavar="VER", help="pinned driver version, e.g. 520.61.05"
-    )
-    parser.add_argument(
-        "--expect-cuda", metavar="X.Y", help="pinned CUDA version, e.g. 11.8"
-    )
-    parser.add_argument(
-        "--expect-cudnn", metavar="X.Y.Z", help="pinned cuDNN version, e.g. 8.6.0"
-    )
-    parser.add_argument(
-        "--expect-tensorflow", metavar="X.Y.Z", help="pinned TensorFlow version"
-    )
+    parser.add_argument("--expect-driver", metavar="VER", help="pinned driver version, e.g. 520.61.05")
+    parser.add_argument("--expect-cuda", metavar="X.Y", help="pinned CUDA version, e.g. 11.8")
+    parser.add_argument("--expect-cudnn", metavar="X.Y.Z", help="pinned cuDNN version, e.g. 8.6.0")
+    parser.add_argument("--expect-tensorflow", metavar="X.Y.Z", help="pinned TensorFlow version")
     parser.add_argument(
         "--cpu-replicas",
         type=gpu_count.non_negative_int,
@@ -492,13 +459,9 @@ def build_parser() -> argparse.ArgumentParser:
         default="lspci",
         help="lspci path for the PCI cross-check (default: from PATH)",
     )
-    parser.add_argument(
-        "--no-lspci", action="store_true", help="skip the PCI bus cross-check"
-    )
+    parser.add_argument("--no-lspci", action="store_true", help="skip the PCI bus cross-check")
     parser.add_argument("--stack", help="label for this TensorFlow stack, e.g. tf2.12")
-    parser.add_argument(
-        "--output", metavar="PATH", help="also write the JSON document to PATH"
-    )
+    parser.add_argument("--output", metavar="PATH", help="also write the JSON document to PATH")
     parser.add_argument(
         "--format",
         choices=("json", "table"),
@@ -511,13 +474,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=16,
         help="fit: samples per replica per step (default 16)",
     )
-    parser.add_argument(
-        "--steps", type=int, default=8, help="fit: steps per epoch (default 8)"
-    )
+    parser.add_argument("--steps", type=int, default=8, help="fit: steps per epoch (default 8)")
     parser.add_argument("--epochs", type=int, default=3, help="fit: epochs (default 3)")
-    parser.add_argument(
-        "--seed", type=int, default=1234, help="fit: random seed (default 1234)"
-    )
+    parser.add_argument("--seed", type=int, default=1234, help="fit: random seed (default 1234)")
     parser.add_argument(
         "--fit-script",
         default=os.path.join(HERE, "fit.py"),

@@ -119,7 +119,7 @@ def paths_from_maps(maps_text: str, stem: str) -> list[str]:
             continue
         path = fields[5].strip()
         # str.removesuffix is Python 3.9+; hosts may run 3.8.
-        if path.endswith(" (deleted)"):  # noqa: FURB188
+        if path.endswith(" (deleted)"):
             path = path[: -len(" (deleted)")]
         base = os.path.basename(path)
         if (base == stem or base.startswith(stem + ".")) and path not in found:
@@ -136,21 +136,14 @@ def ld_so_conf_dirs(conf_dir: str = LD_SO_CONF_D) -> dict[str, list[str]]:
                 lines = [ln.split("#", 1)[0].strip() for ln in handle]
         except OSError:
             continue
-        result[os.path.basename(conf)] = [
-            ln for ln in lines if ln and not ln.startswith("include")
-        ]
+        result[os.path.basename(conf)] = [ln for ln in lines if ln and not ln.startswith("include")]
     return result
 
 
 def search_places_text(ld_library_path: str | None, conf: dict[str, list[str]]) -> str:
     """One-line description of where the dynamic loader looked."""
-    conf_text = "; ".join(
-        f"{name}: {', '.join(dirs) or '(empty)'}" for name, dirs in conf.items()
-    )
-    return (
-        f"LD_LIBRARY_PATH={ld_library_path or '(unset)'}; "
-        f"{LD_SO_CONF_D}: {conf_text or '(no .conf files)'}"
-    )
+    conf_text = "; ".join(f"{name}: {', '.join(dirs) or '(empty)'}" for name, dirs in conf.items())
+    return f"LD_LIBRARY_PATH={ld_library_path or '(unset)'}; {LD_SO_CONF_D}: {conf_text or '(no .conf files)'}"
 
 
 def load_failure_problem(
@@ -211,8 +204,7 @@ def compare_cudnn(record: dict[str, Any], expected_cudnn: str | None) -> list[Pr
     return [
         problem(
             "libcudnn",
-            f"cuDNN {record['soname']} at {record['path']} is {record['version']}, the stack pins "
-            f"{expected_cudnn}.",
+            f"cuDNN {record['soname']} at {record['path']} is {record['version']}, the stack pins {expected_cudnn}.",
             "another cuDNN comes first on the loader path (an older copy in /usr/lib or "
             "LD_LIBRARY_PATH wins): remove it or reorder the paths (gpu_env role), run "
             "`ldconfig`, or fix the pin",
@@ -220,9 +212,7 @@ def compare_cudnn(record: dict[str, Any], expected_cudnn: str | None) -> list[Pr
     ]
 
 
-def compare_driver_runtime(
-    libcuda: dict[str, Any], libcudart: dict[str, Any]
-) -> list[Problem]:
+def compare_driver_runtime(libcuda: dict[str, Any], libcudart: dict[str, Any]) -> list[Problem]:
     """The driver's CUDA version (cuDriverGetVersion) must be >= the runtime's.
 
     NVIDIA's minor-version compatibility (reference section 2.2) lets an older driver of the same
@@ -262,9 +252,7 @@ def cudnn_tf_rule(built: str, loaded: str) -> str | None:
     return None
 
 
-def compare_with_build(
-    tf_info: dict[str, Any], libs: dict[str, dict[str, Any]]
-) -> list[Problem]:
+def compare_with_build(tf_info: dict[str, Any], libs: dict[str, dict[str, Any]]) -> list[Problem]:
     """Compare TensorFlow's build info with the loaded libcudart/libcudnn (CUDA builds only).
 
     CUDA: same major required (the soname TF links against carries the major); a loaded minor
@@ -372,11 +360,7 @@ def _read_version(function: Any, symbol: str) -> int:
     value = ctypes.c_int(0)
     status = function(ctypes.byref(value))
     if status != 0:
-        name = (
-            CUDA_DRIVER_ERRORS.get(status, "error")
-            if symbol == "cuDriverGetVersion"
-            else "error"
-        )
+        name = CUDA_DRIVER_ERRORS.get(status, "error") if symbol == "cuDriverGetVersion" else "error"
         raise RuntimeError(f"{symbol} returned {status} ({name})")
     return int(value.value)
 
@@ -410,11 +394,7 @@ def load_library(key: str, soname: str) -> tuple[dict[str, Any], list[Problem]]:
     except OSError as exc:
         record["error"] = str(exc)
         conf = ld_so_conf_dirs()
-        return record, [
-            load_failure_problem(
-                key, soname, str(exc), os.environ.get("LD_LIBRARY_PATH"), conf
-            )
-        ]
+        return record, [load_failure_problem(key, soname, str(exc), os.environ.get("LD_LIBRARY_PATH"), conf)]
     function = getattr(lib, symbol, None)
     raw: int | None = None
     if function is None:
@@ -428,26 +408,18 @@ def load_library(key: str, soname: str) -> tuple[dict[str, Any], list[Problem]]:
     mapped = paths_from_maps(read_maps(), soname_stem(soname))
     real = os.path.realpath(found_as) if found_as else None
     record["found_as"] = found_as
-    record["path"] = (
-        real
-        if (real and (real in mapped or not mapped))
-        else (mapped[0] if mapped else real)
-    )
+    record["path"] = real if (real and (real in mapped or not mapped)) else (mapped[0] if mapped else real)
     if len(mapped) > 1:
         record["also_mapped"] = [p for p in mapped if p != record["path"]]
     if raw is None:
-        if "CUDA_ERROR_STUB_LIBRARY" in (record["error"] or "") or "/stubs/" in (
-            record["path"] or ""
-        ):
+        if "CUDA_ERROR_STUB_LIBRARY" in (record["error"] or "") or "/stubs/" in (record["path"] or ""):
             fix = (
                 "the toolkit's stub libcuda (lib64/stubs) is on the loader path: remove that folder "
                 "from LD_LIBRARY_PATH and /etc/ld.so.conf.d, run `ldconfig`"
             )
         else:
             fix = f"{soname} at {record['path']} is not a working {key}: reinstall it and run `ldconfig`"
-        return record, [
-            problem(key, f"{soname} at {record['path']}: {record['error']}.", fix)
-        ]
+        return record, [problem(key, f"{soname} at {record['path']}: {record['error']}.", fix)]
     record.update(raw=raw, version=decode(raw), ok=True)
     return record, []
 
@@ -482,9 +454,7 @@ def mapped_library_versions(
     return result
 
 
-def _first_loadable(
-    key: str, candidates: Sequence[str]
-) -> tuple[dict[str, Any], list[Problem]]:
+def _first_loadable(key: str, candidates: Sequence[str]) -> tuple[dict[str, Any], list[Problem]]:
     """Try sonames newest first (used when no version is pinned)."""
     record: dict[str, Any] = {}
     problems: list[Problem] = []
@@ -495,9 +465,7 @@ def _first_loadable(
     return record, problems
 
 
-def check_libraries(
-    expect_cuda: str | None = None, expect_cudnn: str | None = None
-) -> dict[str, Any]:
+def check_libraries(expect_cuda: str | None = None, expect_cudnn: str | None = None) -> dict[str, Any]:
     """Load the three libraries and run the comparisons.
 
     Returns ``{"libraries": {"libcuda": rec, "libcudart": rec, "libcudnn": rec}, "problems": [...],
@@ -520,9 +488,7 @@ def check_libraries(
     if expect_cudnn:
         libs["libcudnn"], found = load_library("libcudnn", cudnn_soname(expect_cudnn))
     else:
-        libs["libcudnn"], found = _first_loadable(
-            "libcudnn", ["libcudnn.so.9", "libcudnn.so.8"]
-        )
+        libs["libcudnn"], found = _first_loadable("libcudnn", ["libcudnn.so.9", "libcudnn.so.8"])
     problems += found
     problems += compare_cudart(libs["libcudart"], expect_cuda)
     problems += compare_cudnn(libs["libcudnn"], expect_cudnn)
@@ -555,7 +521,7 @@ def tensorflow_build_info() -> dict[str, Any]:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     try:
         import tensorflow as tf
-    except Exception as exc:  # noqa: BLE001 - any import failure is the finding
+    except Exception as exc:
         return {
             "version": None,
             "build_info": {},
@@ -584,8 +550,7 @@ def tensorflow_problems(
             problem(
                 "tensorflow",
                 f"{tf_info['error']} (interpreter {sys.executable}).",
-                "run the script with the venv's python and reinstall the pinned TensorFlow there "
-                "(tf_venv role)",
+                "run the script with the venv's python and reinstall the pinned TensorFlow there (tf_venv role)",
             )
         ]
     problems: list[Problem] = []
@@ -607,18 +572,10 @@ def build_parser() -> argparse.ArgumentParser:
         "versions really loaded, compare with the pins and TensorFlow's build; print JSON.",
         epilog="Exit codes: 0 all checks passed, 1 a check failed, 2 usage error.",
     )
-    parser.add_argument(
-        "--expect-cuda", metavar="X.Y", help="pinned CUDA version, e.g. 11.8"
-    )
-    parser.add_argument(
-        "--expect-cudnn", metavar="X.Y.Z", help="pinned cuDNN version, e.g. 8.6.0"
-    )
-    parser.add_argument(
-        "--expect-tensorflow", metavar="X.Y.Z", help="pinned TensorFlow version"
-    )
-    parser.add_argument(
-        "--no-tensorflow", action="store_true", help="do not import TensorFlow"
-    )
+    parser.add_argument("--expect-cuda", metavar="X.Y", help="pinned CUDA version, e.g. 11.8")
+    parser.add_argument("--expect-cudnn", metavar="X.Y.Z", help="pinned cuDNN version, e.g. 8.6.0")
+    parser.add_argument("--expect-tensorflow", metavar="X.Y.Z", help="pinned TensorFlow version")
+    parser.add_argument("--no-tensorflow", action="store_true", help="do not import TensorFlow")
     return parser
 
 
@@ -637,9 +594,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     doc["tensorflow"] = None
     if not args.no_tensorflow:
         doc["tensorflow"] = tensorflow_build_info()
-        doc["problems"] += tensorflow_problems(
-            doc["tensorflow"], doc["libraries"], args.expect_tensorflow
-        )
+        doc["problems"] += tensorflow_problems(doc["tensorflow"], doc["libraries"], args.expect_tensorflow)
     doc["ok"] = not doc["problems"]
     print(dumps(doc))
     return EXIT_OK if doc["ok"] else EXIT_CHECK_FAILED

@@ -14,14 +14,14 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from typing import Any, Dict  # noqa: UP035 - Dict: see Problem below
+from typing import Any, Dict
 
 EXIT_OK = 0
 EXIT_CHECK_FAILED = 1
 EXIT_USAGE = 2
 
 # A run-time alias: typing.Dict because hosts may run Python 3.8, where dict[...] raises.
-Problem = Dict[str, str]  # noqa: UP006
+Problem = Dict[str, str]
 
 
 def problem(check: str, cause: str, fix: str) -> Problem:
@@ -48,13 +48,9 @@ def parse_version(text: str, parts: int, what: str = "version") -> tuple[int, ..
     try:
         numbers = tuple(int(p) for p in pieces[:parts])
     except ValueError:
-        raise ValueError(
-            f"{what} {text!r} is not a dotted version like {'.'.join(['1'] * parts)}"
-        ) from None
+        raise ValueError(f"{what} {text!r} is not a dotted version like {'.'.join(['1'] * parts)}") from None
     if len(numbers) < parts:
-        raise ValueError(
-            f"{what} {text!r} needs {parts} components, like {'.'.join(['1'] * parts)}"
-        )
+        raise ValueError(f"{what} {text!r} needs {parts} components, like {'.'.join(['1'] * parts)}")
     return numbers
 
 

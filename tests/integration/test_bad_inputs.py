@@ -21,9 +21,13 @@ IMAGE = os.environ.get("GPU_SANDBOX_IMAGE", "localhost/gpu-sandbox-debian:12")
 STANDINS = ROOT / "build/standins"
 ANSIBLE_PLAYBOOK = str(Path(sys.executable).with_name("ansible-playbook"))
 INSTALLED_PATHS = [
-    "/usr/local/cuda-11.8", "/usr/local/cuda", "/opt/tensorflow",
-    "/usr/lib/x86_64-linux-gnu/libcuda.so.520.61.05", "/var/cache/gpu-artifacts",
-    "/etc/ld.so.conf.d/gpu-env.conf", "/etc/profile.d/gpu-env.sh",
+    "/usr/local/cuda-11.8",
+    "/usr/local/cuda",
+    "/opt/tensorflow",
+    "/usr/lib/x86_64-linux-gnu/libcuda.so.520.61.05",
+    "/var/cache/gpu-artifacts",
+    "/etc/ld.so.conf.d/gpu-env.conf",
+    "/etc/profile.d/gpu-env.sh",
 ]
 
 
@@ -34,14 +38,30 @@ def fresh_host(tmp_path):
         pytest.fail("needs podman, the sandbox image and the stand-ins: run `make image standins` first")
     name = f"gpu-badinput-{uuid.uuid4().hex[:8]}"
     subprocess.run(
-        ["podman", "run", "-d", "--name", name, "--runtime=runc", "--init",
-         "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=4096:4096", IMAGE, "sleep", "infinity"],
-        check=True, capture_output=True,
+        [
+            "podman",
+            "run",
+            "-d",
+            "--name",
+            name,
+            "--runtime=runc",
+            "--init",
+            "--ulimit",
+            "nofile=1024:1024",
+            "--ulimit",
+            "nproc=4096:4096",
+            IMAGE,
+            "sleep",
+            "infinity",
+        ],
+        check=True,
+        capture_output=True,
     )
     inventory = tmp_path / "inventory"
     inventory.mkdir()
     (inventory / "hosts.yml").write_text(
-        f"gpu_hosts:\n  hosts:\n    {name}:\n      ansible_connection: containers.podman.podman\n")
+        f"gpu_hosts:\n  hosts:\n    {name}:\n      ansible_connection: containers.podman.podman\n"
+    )
     (inventory / "group_vars").symlink_to(ROOT / "inventories/sandbox/group_vars")
     yield name, inventory
     subprocess.run(["podman", "rm", "-f", "-t", "1", name], capture_output=True)
@@ -49,8 +69,14 @@ def fresh_host(tmp_path):
 
 def _site(inventory: Path, *extra: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_FORCE_COLOR="0")
-    return subprocess.run([ANSIBLE_PLAYBOOK, str(ROOT / "site.yml"), "-i", str(inventory), *extra],
-                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=900)
+    return subprocess.run(
+        [ANSIBLE_PLAYBOOK, str(ROOT / "site.yml"), "-i", str(inventory), *extra],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=900,
+    )
 
 
 def _nothing_installed(name: str) -> list[str]:
@@ -89,14 +115,21 @@ def test_missing_artifact_stops_the_host_before_any_change(fresh_host, tmp_path)
 
 def test_tensorflow_pin_outside_host_python_stops_the_host(fresh_host):
     name, inventory = fresh_host
-    stacks = {"gpu_preflight_stacks": [{"name": "tf2.10", "tensorflow": "2.10", "package": "tensorflow-cpu"}],
-              "gpu_preflight_default_stack": "tf2.10"}
+    stacks = {
+        "gpu_preflight_stacks": [{"name": "tf2.10", "tensorflow": "2.10", "package": "tensorflow-cpu"}],
+        "gpu_preflight_default_stack": "tf2.10",
+    }
     out = _site(inventory, "-e", json.dumps(stacks))
     assert out.returncode != 0
-    python = subprocess.run(["podman", "exec", name, "python3", "-c", "import platform; print(platform.python_version())"],
-                            capture_output=True, text=True).stdout.strip()
-    assert (f"tf2.10: TensorFlow 2.10 supports Python 3.7-3.10; /usr/bin/python3 on this host is {python}. "
-            "Point the stack's python at a Python 3.7-3.10 interpreter, or pin TensorFlow 2.12-2.21 for Python 3.11.") in out.stdout
+    python = subprocess.run(
+        ["podman", "exec", name, "python3", "-c", "import platform; print(platform.python_version())"],
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    assert (
+        f"tf2.10: TensorFlow 2.10 supports Python 3.7-3.10; /usr/bin/python3 on this host is {python}. "
+        "Point the stack's python at a Python 3.7-3.10 interpreter, or pin TensorFlow 2.12-2.21 for Python 3.11."
+    ) in out.stdout
     # Every problem of the host in one run: 2.10 also needs CUDA 11.2 and cuDNN 8.1, which the manifest lacks.
     assert "No CUDA 11.2 runfile is in the artifact manifest." in out.stdout
     assert _nothing_installed(name) == []

@@ -14,13 +14,7 @@ from typing import Any
 
 import pytest
 
-SCRIPT = (
-    Path(__file__).resolve().parents[2]
-    / "roles"
-    / "gpu_verify"
-    / "files"
-    / "fleet_report.py"
-)
+SCRIPT = Path(__file__).resolve().parents[2] / "roles" / "gpu_verify" / "files" / "fleet_report.py"
 sys.path.insert(0, str(SCRIPT.parent))
 
 import fleet_report
@@ -133,9 +127,7 @@ RESULTS = {
     },
     "gpu04": {
         "ok": False,
-        "problems": [
-            {"check": "fit", "cause": "fit.py not found", "fix": "rerun the role"}
-        ],
+        "problems": [{"check": "fit", "cause": "fit.py not found", "fix": "rerun the role"}],
     },
     "sandbox": cpu_doc(),
 }
@@ -202,28 +194,15 @@ def test_text_table(tmp_path: Path) -> None:
     out = io.StringIO()
     source = tmp_path / "results.json"
     source.write_text(json.dumps(RESULTS))
-    assert (
-        fleet_report.main(
-            ["--input", str(source), "--out-dir", str(tmp_path / "reports")], stdout=out
-        )
-        == 0
-    )
+    assert fleet_report.main(["--input", str(source), "--out-dir", str(tmp_path / "reports")], stdout=out) == 0
     lines = out.getvalue().splitlines()
     assert re.split(r"\s{2,}", lines[0].strip()) == HEADERS
     by_host = {line.split()[0]: line for line in lines[2:7]}
-    assert (
-        by_host["gpu01"].split()[2] == "PASS" and by_host["gpu03"].split()[1] == "FAIL"
-    )
+    assert by_host["gpu01"].split()[2] == "PASS" and by_host["gpu03"].split()[1] == "FAIL"
     text = out.getvalue()
     assert "5 hosts: 2 passed, 3 failed (1 unreachable)" in text
-    assert (
-        "sandbox: fit ran on 2 logical CPU devices (--cpu-replicas 2), not on GPUs"
-        in text
-    )
-    assert (
-        "gpu02 (tf2.12) [gpu_count]: Expected 2 GPUs, nvidia-smi sees 1 (1 missing)."
-        in text
-    )
+    assert "sandbox: fit ran on 2 logical CPU devices (--cpu-replicas 2), not on GPUs" in text
+    assert "gpu02 (tf2.12) [gpu_count]: Expected 2 GPUs, nvidia-smi sees 1 (1 missing)." in text
     assert "      fix: reseat it" in text
 
 
@@ -265,15 +244,8 @@ def test_report_files(tmp_path: Path) -> None:
 def test_stdin_input(tmp_path: Path) -> None:
     out = io.StringIO()
     stdin = io.StringIO(json.dumps({"gpu01": passing_doc()}))
-    assert (
-        fleet_report.main(
-            ["--input", "-", "--out-dir", str(tmp_path)], stdin=stdin, stdout=out
-        )
-        == 0
-    )
-    assert (
-        tmp_path / "fleet-report.md"
-    ).exists() and "1 hosts: 1 passed, 0 failed" in out.getvalue()
+    assert fleet_report.main(["--input", "-", "--out-dir", str(tmp_path)], stdin=stdin, stdout=out) == 0
+    assert (tmp_path / "fleet-report.md").exists() and "1 hosts: 1 passed, 0 failed" in out.getvalue()
 
 
 @pytest.mark.parametrize("text", ["not json", "[1, 2]", ""])
@@ -291,12 +263,7 @@ def test_bad_input_exits_2(tmp_path: Path, text: str) -> None:
 
 
 def test_missing_input_file_exits_2(tmp_path: Path) -> None:
-    assert (
-        fleet_report.main(
-            ["--input", str(tmp_path / "nope.json"), "--out-dir", str(tmp_path)]
-        )
-        == 2
-    )
+    assert fleet_report.main(["--input", str(tmp_path / "nope.json"), "--out-dir", str(tmp_path)]) == 2
 
 
 def test_input_is_not_modified() -> None:

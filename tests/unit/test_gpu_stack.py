@@ -12,7 +12,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "filter_plugins"))
 
-import gpu_stack  # noqa: E402
+import gpu_stack
 
 MATRIX = yaml.safe_load((ROOT / "data/version_matrix.yml").read_text())
 REAL_MANIFEST = yaml.safe_load((ROOT / "data/artifacts.yml").read_text())["artifacts"]
@@ -28,19 +28,39 @@ def _manifest(**extra: dict) -> dict:
     return manifest
 
 
-CUDNN_89 = {"cudnn-linux-x86_64-8.9.7.29_cuda12-archive.tar.xz": {"component": "cudnn", "version": "8.9.7.29", "cuda_major": 12}}
-CUDNN_86_12 = {"cudnn-linux-x86_64-8.6.0.163_cuda12-archive.tar.xz": {"component": "cudnn", "version": "8.6.0.163", "cuda_major": 12}}
-CUDNN_93 = {"cudnn-linux-x86_64-9.3.0.75_cuda12-archive.tar.xz": {"component": "cudnn", "version": "9.3.0.75", "cuda_major": 12}}
-CUDNN_87 = {"cudnn-linux-x86_64-8.7.0.84_cuda11-archive.tar.xz": {"component": "cudnn", "version": "8.7.0.84", "cuda_major": 11}}
-CUDA_123 = {"cuda_12.3.2_545.23.08_linux.run": {"component": "cuda_toolkit", "version": "12.3.2", "nvcc_version": "12.3.107"}}
+CUDNN_89 = {
+    "cudnn-linux-x86_64-8.9.7.29_cuda12-archive.tar.xz": {"component": "cudnn", "version": "8.9.7.29", "cuda_major": 12}
+}
+CUDNN_86_12 = {
+    "cudnn-linux-x86_64-8.6.0.163_cuda12-archive.tar.xz": {
+        "component": "cudnn",
+        "version": "8.6.0.163",
+        "cuda_major": 12,
+    }
+}
+CUDNN_93 = {
+    "cudnn-linux-x86_64-9.3.0.75_cuda12-archive.tar.xz": {"component": "cudnn", "version": "9.3.0.75", "cuda_major": 12}
+}
+CUDNN_87 = {
+    "cudnn-linux-x86_64-8.7.0.84_cuda11-archive.tar.xz": {"component": "cudnn", "version": "8.7.0.84", "cuda_major": 11}
+}
+CUDA_123 = {
+    "cuda_12.3.2_545.23.08_linux.run": {"component": "cuda_toolkit", "version": "12.3.2", "nvcc_version": "12.3.107"}
+}
 DRIVER_535 = {"NVIDIA-Linux-x86_64-535.104.05.run": {"component": "nvidia_driver", "version": "535.104.05"}}
 
 
 def resolve(pins, python="3.11.2", driver="520.61.05", manifest=None, default="", driver_install=True, **host):
     manifest = manifest if manifest is not None else _manifest()
     pins = pins if isinstance(pins, list) else [pins]
-    host = dict({"python_versions": {p.get("python", "/usr/bin/python3"): python for p in pins},
-                 "driver_version": driver, "driver_install": driver_install}, **host)
+    host = dict(
+        {
+            "python_versions": {p.get("python", "/usr/bin/python3"): python for p in pins},
+            "driver_version": driver,
+            "driver_install": driver_install,
+        },
+        **host,
+    )
     return gpu_stack.resolve_stacks(pins, MATRIX, manifest, host, default)
 
 
@@ -86,6 +106,7 @@ def test_every_matrix_cuda_series_has_a_release_with_a_min_driver():
 
 # --- good stacks --------------------------------------------------------------------------------
 
+
 def test_default_stack_resolves_from_tensorflow_alone():
     result = resolve({"name": "tf2.12", "tensorflow": "2.12"})
     assert result["ok"], result["messages"]
@@ -103,11 +124,23 @@ def test_default_stack_resolves_from_tensorflow_alone():
 
 
 def test_exact_pins_are_kept():
-    result = resolve({"name": "a", "tensorflow": "2.12.0", "cuda": "11.8.0", "cudnn": "8.6.0.163",
-                      "venv": "/srv/tf", "package": "tensorflow-cpu"})
+    result = resolve(
+        {
+            "name": "a",
+            "tensorflow": "2.12.0",
+            "cuda": "11.8.0",
+            "cudnn": "8.6.0.163",
+            "venv": "/srv/tf",
+            "package": "tensorflow-cpu",
+        }
+    )
     stack = result["stacks"][0]
     assert result["ok"]
-    assert (stack["tensorflow"]["version"], stack["venv"], stack["tensorflow"]["package"]) == ("2.12.0", "/srv/tf", "tensorflow-cpu")
+    assert (stack["tensorflow"]["version"], stack["venv"], stack["tensorflow"]["package"]) == (
+        "2.12.0",
+        "/srv/tf",
+        "tensorflow-cpu",
+    )
 
 
 def test_tf_2_12_runs_on_driver_520_not_only_525():
@@ -122,16 +155,22 @@ def test_newer_cudnn_minor_is_accepted():
 
 
 def test_tf_2_15_with_cuda_12_2_and_cudnn_8_9():
-    result = resolve({"name": "a", "tensorflow": "2.15"}, driver="535.104.05",
-                     manifest=_manifest(**CUDNN_89, **DRIVER_535))
+    result = resolve(
+        {"name": "a", "tensorflow": "2.15"}, driver="535.104.05", manifest=_manifest(**CUDNN_89, **DRIVER_535)
+    )
     assert result["ok"], result["messages"]
     assert result["stacks"][0]["cuda_toolkit"]["version"] == "12.2.2"
 
 
 def test_tf_2_18_with_cudnn_9():
-    result = resolve({"name": "a", "tensorflow": "2.18"}, python="3.12.3", driver="555.42.06",
-                     manifest=_manifest(**CUDNN_93, **{"NVIDIA-Linux-x86_64-555.42.06.run": {
-                         "component": "nvidia_driver", "version": "555.42.06"}}))
+    result = resolve(
+        {"name": "a", "tensorflow": "2.18"},
+        python="3.12.3",
+        driver="555.42.06",
+        manifest=_manifest(
+            **CUDNN_93, **{"NVIDIA-Linux-x86_64-555.42.06.run": {"component": "nvidia_driver", "version": "555.42.06"}}
+        ),
+    )
     assert result["ok"], result["messages"]
     assert result["stacks"][0]["cudnn"]["short"] == "9.3.0"
 
@@ -143,14 +182,21 @@ def test_driver_not_required_in_manifest_when_not_installed_by_runfile():
 
 
 def test_known_bad_release_warns():
-    result = resolve({"name": "a", "tensorflow": "2.16.1"}, driver="545.23.08",
-                     manifest=_manifest(**CUDNN_89, **CUDA_123, **{"NVIDIA-Linux-x86_64-545.23.08.run": {
-                         "component": "nvidia_driver", "version": "545.23.08"}}))
+    result = resolve(
+        {"name": "a", "tensorflow": "2.16.1"},
+        driver="545.23.08",
+        manifest=_manifest(
+            **CUDNN_89,
+            **CUDA_123,
+            **{"NVIDIA-Linux-x86_64-545.23.08.run": {"component": "nvidia_driver", "version": "545.23.08"}},
+        ),
+    )
     assert result["ok"], result["messages"]
     assert any("63362" in w["cause"] for w in result["warnings"])
 
 
 # --- bad stacks: exact messages -----------------------------------------------------------------
+
 
 def test_python_outside_tensorflow_range():
     result = resolve({"name": "tf2.12", "tensorflow": "2.12"}, python="3.12.1")
@@ -184,8 +230,11 @@ def test_unknown_tensorflow():
 
 
 def test_tf_2_15_with_cudnn_8_6_is_refused():
-    result = resolve({"name": "tf2.15", "tensorflow": "2.15", "cudnn": "8.6"}, driver="535.104.05",
-                     manifest=_manifest(**CUDNN_86_12, **DRIVER_535))
+    result = resolve(
+        {"name": "tf2.15", "tensorflow": "2.15", "cudnn": "8.6"},
+        driver="535.104.05",
+        manifest=_manifest(**CUDNN_86_12, **DRIVER_535),
+    )
     assert result["messages"] == [
         "tf2.15: TensorFlow 2.15 was built with cuDNN 8.9; it refuses cuDNN 8.6 (it needs the same major "
         "and an equal or higher minor). Pin cuDNN 8.9 for TensorFlow 2.15."
@@ -193,20 +242,31 @@ def test_tf_2_15_with_cudnn_8_6_is_refused():
 
 
 def test_cudnn_other_major_is_refused():
-    result = resolve({"name": "a", "tensorflow": "2.17", "cudnn": "9.3"}, driver="545.23.08",
-                     manifest=_manifest(**CUDNN_93, **CUDA_123))
+    result = resolve(
+        {"name": "a", "tensorflow": "2.17", "cudnn": "9.3"},
+        driver="545.23.08",
+        manifest=_manifest(**CUDNN_93, **CUDA_123),
+    )
     assert any("built with cuDNN 8.9; it refuses cuDNN 9.3" in m for m in result["messages"])
 
 
 def test_cudnn_pin_not_a_version():
     result = resolve({"name": "a", "tensorflow": "2.12", "cudnn": "eight"})
-    assert "a: cuDNN pin 'eight' is not a version like 8.6 or 8.6.0.163. Pin cuDNN 8.6 for TensorFlow 2.12." in result["messages"]
+    assert (
+        "a: cuDNN pin 'eight' is not a version like 8.6 or 8.6.0.163. Pin cuDNN 8.6 for TensorFlow 2.12."
+        in result["messages"]
+    )
 
 
 def test_cuda_12_2_with_driver_525_is_refused():
-    result = resolve({"name": "tf2.15", "tensorflow": "2.15"}, driver="525.147.05",
-                     manifest=_manifest(**CUDNN_89, **{"NVIDIA-Linux-x86_64-525.147.05.run": {
-                         "component": "nvidia_driver", "version": "525.147.05"}}))
+    result = resolve(
+        {"name": "tf2.15", "tensorflow": "2.15"},
+        driver="525.147.05",
+        manifest=_manifest(
+            **CUDNN_89,
+            **{"NVIDIA-Linux-x86_64-525.147.05.run": {"component": "nvidia_driver", "version": "525.147.05"}},
+        ),
+    )
     assert result["messages"] == [
         "tf2.15: CUDA 12.2.2 needs driver >= 535.104.05; the pinned driver is 525.147.05. "
         "Raise nvidia_driver_version to >= 535.104.05 or pin TensorFlow 2.4-2.14."
@@ -215,14 +275,23 @@ def test_cuda_12_2_with_driver_525_is_refused():
 
 def test_cuda_other_major_than_tensorflow_build():
     result = resolve({"name": "a", "tensorflow": "2.12", "cuda": "12.2"})
-    assert ("a: TensorFlow 2.12 was built with CUDA 11.8; CUDA 12.2 is another major release, whose runtime "
-            "library TensorFlow does not load. Pin CUDA 11.8 for TensorFlow 2.12, or leave cuda out to take it "
-            "from the matrix.") in result["messages"]
+    assert (
+        "a: TensorFlow 2.12 was built with CUDA 11.8; CUDA 12.2 is another major release, whose runtime "
+        "library TensorFlow does not load. Pin CUDA 11.8 for TensorFlow 2.12, or leave cuda out to take it "
+        "from the matrix."
+    ) in result["messages"]
 
 
 def test_cuda_other_minor_warns_only():
-    manifest = _manifest(**{"cuda_11.7.0_515.43.04_linux.run": {"component": "cuda_toolkit", "version": "11.7.0",
-                                                                 "nvcc_version": "11.7.64"}})
+    manifest = _manifest(
+        **{
+            "cuda_11.7.0_515.43.04_linux.run": {
+                "component": "cuda_toolkit",
+                "version": "11.7.0",
+                "nvcc_version": "11.7.64",
+            }
+        }
+    )
     result = resolve({"name": "a", "tensorflow": "2.12", "cuda": "11.7"}, manifest=manifest)
     assert result["ok"], result["messages"]
     assert result["warnings"][0]["cause"] == "TensorFlow 2.12 was tested with CUDA 11.8, not 11.7."
@@ -249,9 +318,11 @@ def test_cudnn_archive_missing_for_cuda_major():
 
 def test_artifact_without_sha256_is_refused():
     result = resolve({"name": "a", "tensorflow": "2.12"}, manifest=copy.deepcopy(REAL_MANIFEST))
-    assert "a: cudnn-linux-x86_64-8.6.0.163_cuda11-archive.tar.xz has no sha256 in the artifact manifest. Add the " \
-        "sha256 of the file you downloaded to an overlay manifest (gpu_preflight_manifest_files); unpinned files " \
+    assert (
+        "a: cudnn-linux-x86_64-8.6.0.163_cuda11-archive.tar.xz has no sha256 in the artifact manifest. Add the "
+        "sha256 of the file you downloaded to an overlay manifest (gpu_preflight_manifest_files); unpinned files "
         "are never installed." in result["messages"]
+    )
     assert any(m.startswith("-: NVIDIA-Linux-x86_64-520.61.05.run has no sha256") for m in result["messages"])
 
 
@@ -264,10 +335,16 @@ def test_driver_runfile_missing_from_manifest():
 
 
 def test_compute_capability_below_wheel_floor():
-    result = resolve({"name": "tf2.17", "tensorflow": "2.17"}, driver="545.23.08",
-                     manifest=_manifest(**CUDNN_89, **CUDA_123, **{"NVIDIA-Linux-x86_64-545.23.08.run": {
-                         "component": "nvidia_driver", "version": "545.23.08"}}),
-                     gpus=[{"index": 0, "name": "NVIDIA GeForce GTX 980", "compute_cap": "5.2"}])
+    result = resolve(
+        {"name": "tf2.17", "tensorflow": "2.17"},
+        driver="545.23.08",
+        manifest=_manifest(
+            **CUDNN_89,
+            **CUDA_123,
+            **{"NVIDIA-Linux-x86_64-545.23.08.run": {"component": "nvidia_driver", "version": "545.23.08"}},
+        ),
+        gpus=[{"index": 0, "name": "NVIDIA GeForce GTX 980", "compute_cap": "5.2"}],
+    )
     assert result["messages"] == [
         "tf2.17: GPU 0 (NVIDIA GeForce GTX 980) has compute capability 5.2; the TensorFlow 2.17 wheel needs >= 6.0. "
         "Pin an older TensorFlow that still ships code for it, or use newer GPUs."
@@ -288,7 +365,9 @@ def test_no_stacks():
 
 def test_duplicate_stack_names():
     result = resolve([{"name": "a", "tensorflow": "2.12"}, {"name": "a", "tensorflow": "2.13", "venv": "/x"}])
-    assert "a: Stack name 'a' is used twice. Give every stack in gpu_preflight_stacks its own name." in result["messages"]
+    assert (
+        "a: Stack name 'a' is used twice. Give every stack in gpu_preflight_stacks its own name." in result["messages"]
+    )
 
 
 def test_unknown_default_stack():
@@ -306,8 +385,10 @@ def test_two_stacks_share_a_venv():
 
 
 def test_two_stacks_want_different_cudnn_in_one_toolkit():
-    result = resolve([{"name": "a", "tensorflow": "2.12"}, {"name": "b", "tensorflow": "2.13", "cudnn": "8.7"}],
-                     manifest=_manifest(**CUDNN_87))
+    result = resolve(
+        [{"name": "a", "tensorflow": "2.12"}, {"name": "b", "tensorflow": "2.13", "cudnn": "8.7"}],
+        manifest=_manifest(**CUDNN_87),
+    )
     assert result["messages"] == [
         "b: Stacks a and b want cuDNN 8.6.0.163 and 8.7.0.84 in the same /usr/local/cuda-11.8. "
         "Pin the same cuDNN release for stacks that share a CUDA version."
@@ -315,14 +396,21 @@ def test_two_stacks_want_different_cudnn_in_one_toolkit():
 
 
 def test_two_stacks_side_by_side_and_default():
-    result = resolve([{"name": "a", "tensorflow": "2.12"}, {"name": "b", "tensorflow": "2.15"}],
-                     driver="535.104.05", manifest=_manifest(**CUDNN_89, **DRIVER_535), default="b")
+    result = resolve(
+        [{"name": "a", "tensorflow": "2.12"}, {"name": "b", "tensorflow": "2.15"}],
+        driver="535.104.05",
+        manifest=_manifest(**CUDNN_89, **DRIVER_535),
+        default="b",
+    )
     assert result["ok"], result["messages"]
     assert [(s["name"], s["default"], s["cuda_toolkit"]["root"]) for s in result["stacks"]] == [
-        ("a", False, "/usr/local/cuda-11.8"), ("b", True, "/usr/local/cuda-12.2")]
+        ("a", False, "/usr/local/cuda-11.8"),
+        ("b", True, "/usr/local/cuda-12.2"),
+    ]
 
 
 # --- helpers ------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize(("spec", "text"), [(">=3.8,<3.12", "3.8-3.11"), (">=3.10,<3.14", "3.10-3.13")])
 def test_spec_text(spec, text):
@@ -332,17 +420,27 @@ def test_spec_text(spec, text):
 def test_versions_compare_as_versions_not_strings():
     # "535.104.05" < "535.54.03" as strings, but not as versions.
     assert gpu_stack._v("535.104.05") > gpu_stack._v("535.54.03")
-    result = resolve({"name": "a", "tensorflow": "2.15"}, driver="535.54.03",
-                     manifest=_manifest(**CUDNN_89, **{"NVIDIA-Linux-x86_64-535.54.03.run": {
-                         "component": "nvidia_driver", "version": "535.54.03"}}))
+    result = resolve(
+        {"name": "a", "tensorflow": "2.15"},
+        driver="535.54.03",
+        manifest=_manifest(
+            **CUDNN_89, **{"NVIDIA-Linux-x86_64-535.54.03.run": {"component": "nvidia_driver", "version": "535.54.03"}}
+        ),
+    )
     assert any("needs driver >= 535.104.05" in m for m in result["messages"])
 
 
-@pytest.mark.parametrize(("text", "version"), [
-    ("#define CUDNN_MAJOR 8\n#define CUDNN_MINOR 6\n#define CUDNN_PATCHLEVEL 0\n", "8.6.0"),
-    ("#define CUDNN_MAJOR 9\n#define CUDNN_MINOR 3\n#define CUDNN_PATCHLEVEL 0\n#define CUDNN_VERSION (CUDNN_MAJOR * 10000)", "9.3.0"),
-    ("#define CUDNN_MAJOR 8\n", ""),
-    ("", ""),
-])
+@pytest.mark.parametrize(
+    ("text", "version"),
+    [
+        ("#define CUDNN_MAJOR 8\n#define CUDNN_MINOR 6\n#define CUDNN_PATCHLEVEL 0\n", "8.6.0"),
+        (
+            "#define CUDNN_MAJOR 9\n#define CUDNN_MINOR 3\n#define CUDNN_PATCHLEVEL 0\n#define CUDNN_VERSION (CUDNN_MAJOR * 10000)",
+            "9.3.0",
+        ),
+        ("#define CUDNN_MAJOR 8\n", ""),
+        ("", ""),
+    ],
+)
 def test_cudnn_header_version(text, version):
     assert gpu_stack.cudnn_header_version(text) == version

@@ -57,6 +57,7 @@ def test_role_readmes_are_generated_from_the_specs():
     import subprocess
     import sys
 
-    result = subprocess.run([sys.executable, str(ROOT / "tools/gen-role-readmes.py"), "--check"],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "tools/gen-role-readmes.py"), "--check"], capture_output=True, text=True
+    )
     assert result.returncode == 0, f"run tools/gen-role-readmes.py: {result.stdout}"

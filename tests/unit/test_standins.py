@@ -22,9 +22,7 @@ if TYPE_CHECKING:
 DRIVER = "NVIDIA-Linux-x86_64-520.61.05.run"
 CUDA = "cuda_11.8.0_520.61.05_linux.run"
 CUDNN = "cudnn-linux-x86_64-8.6.0.163_cuda11-archive.tar.xz"
-BUILDER = (
-    Path(__file__).resolve().parents[1] / "fixtures" / "nvidia" / "build_standins.py"
-)
+BUILDER = Path(__file__).resolve().parents[1] / "fixtures" / "nvidia" / "build_standins.py"
 
 
 @pytest.fixture()
@@ -71,9 +69,7 @@ def path_without(tmp_path: Path, *hidden: str) -> str:
 
 
 @pytest.mark.parametrize("runfile", [DRIVER, CUDA])
-def test_runfiles_reject_an_unknown_option(
-    standins_dir: Path, root: Path, runfile: str
-) -> None:
+def test_runfiles_reject_an_unknown_option(standins_dir: Path, root: Path, runfile: str) -> None:
     proc = run_runfile(standins_dir / runfile, "--silent", "--frobnicate", root=root)
     assert proc.returncode == 1
     assert "--frobnicate" in proc.stderr
@@ -86,22 +82,15 @@ def test_driver_runfile_requires_silent(standins_dir: Path, root: Path) -> None:
     assert not (root / "usr").exists()
 
 
-def test_driver_runfile_without_kernel_tree_gives_the_real_error(
-    standins_dir: Path, root: Path
-) -> None:
+def test_driver_runfile_without_kernel_tree_gives_the_real_error(standins_dir: Path, root: Path) -> None:
     proc = run_runfile(standins_dir / DRIVER, "--silent", "--dkms", root=root)
     assert proc.returncode == 1
-    assert (
-        "ERROR: Unable to find the kernel source tree for the currently running kernel."
-        in proc.stderr
-    )
+    assert "ERROR: Unable to find the kernel source tree for the currently running kernel." in proc.stderr
     log = (root / "var/log/nvidia-installer.log").read_text()
     assert "Unable to find the kernel source tree" in log
 
 
-def test_driver_runfile_never_fakes_a_kernel_module_build(
-    standins_dir: Path, root: Path
-) -> None:
+def test_driver_runfile_never_fakes_a_kernel_module_build(standins_dir: Path, root: Path) -> None:
     (root / "lib/modules" / os.uname().release / "build").mkdir(parents=True)
     proc = run_runfile(standins_dir / DRIVER, "--silent", root=root)
     assert proc.returncode == 1
@@ -109,9 +98,7 @@ def test_driver_runfile_never_fakes_a_kernel_module_build(
     assert not (root / "usr").exists()
 
 
-def test_driver_runfile_rejects_a_missing_tmpdir(
-    standins_dir: Path, root: Path
-) -> None:
+def test_driver_runfile_rejects_a_missing_tmpdir(standins_dir: Path, root: Path) -> None:
     proc = run_runfile(
         standins_dir / DRIVER,
         "--silent",
@@ -123,9 +110,7 @@ def test_driver_runfile_rejects_a_missing_tmpdir(
     assert "temporary directory" in proc.stderr
 
 
-def test_driver_userspace_install_then_uninstall(
-    standins_dir: Path, root: Path, tmp_path: Path
-) -> None:
+def test_driver_userspace_install_then_uninstall(standins_dir: Path, root: Path, tmp_path: Path) -> None:
     (root / "usr/lib/x86_64-linux-gnu").mkdir(parents=True)
     args = (
         "--silent",
@@ -199,12 +184,7 @@ def test_cuda_toolkit_install(standins_dir: Path, root: Path, tmp_path: Path) ->
         check=True,
     )
     assert "Cuda compilation tools, release 11.8, V11.8.89" in nvcc.stdout.splitlines()
-    assert (
-        subprocess.run(
-            [str(toolkit / "bin/nvcc"), "x.cu"], capture_output=True, check=False
-        ).returncode
-        != 0
-    )
+    assert subprocess.run([str(toolkit / "bin/nvcc"), "x.cu"], capture_output=True, check=False).returncode != 0
     version = json.loads((toolkit / "version.json").read_text())
     assert version["cuda_nvcc"]["version"] == "11.8.89"
     assert version["cuda"]["version"] == "11.8.20220929"
@@ -213,10 +193,7 @@ def test_cuda_toolkit_install(standins_dir: Path, root: Path, tmp_path: Path) ->
     assert os.readlink(toolkit / "lib64") == "targets/x86_64-linux/lib"
     assert os.readlink(toolkit / "include") == "targets/x86_64-linux/include"
     assert os.readlink(toolkit / "lib64/libcudart.so.11.0") == "libcudart.so.11.8.89"
-    assert (
-        "#define CUDART_VERSION  11080"
-        in (toolkit / "include/cuda_runtime_api.h").read_text()
-    )
+    assert "#define CUDART_VERSION  11080" in (toolkit / "include/cuda_runtime_api.h").read_text()
     assert (toolkit / "bin/cuda-uninstaller").is_file()
     assert os.readlink(root / "usr/local/cuda") == str(toolkit)
     log = (root / "var/log/cuda-installer.log").read_text().splitlines()
@@ -240,9 +217,7 @@ def test_cuda_toolkit_install(standins_dir: Path, root: Path, tmp_path: Path) ->
     assert not os.path.lexists(root / "usr/local/cuda")
 
 
-def test_cuda_runfile_without_gcc_fails_like_nvidia(
-    standins_dir: Path, root: Path, tmp_path: Path
-) -> None:
+def test_cuda_runfile_without_gcc_fails_like_nvidia(standins_dir: Path, root: Path, tmp_path: Path) -> None:
     env = dict(os.environ, PATH=path_without(tmp_path, "gcc"))
     proc = run_runfile(
         standins_dir / CUDA,
@@ -253,20 +228,12 @@ def test_cuda_runfile_without_gcc_fails_like_nvidia(
         env=env,
     )
     assert proc.returncode == 1
-    assert (
-        " Failed to verify gcc version. See log at /var/log/cuda-installer.log for details."
-        in proc.stdout
-    )
-    assert (
-        "[ERROR]: Missing gcc. gcc is required to continue."
-        in (root / "var/log/cuda-installer.log").read_text()
-    )
+    assert " Failed to verify gcc version. See log at /var/log/cuda-installer.log for details." in proc.stdout
+    assert "[ERROR]: Missing gcc. gcc is required to continue." in (root / "var/log/cuda-installer.log").read_text()
     assert not (tmp_path / "cuda").exists()
 
 
-def test_cuda_runfile_rejects_an_unusable_tmpdir(
-    standins_dir: Path, root: Path, tmp_path: Path
-) -> None:
+def test_cuda_runfile_rejects_an_unusable_tmpdir(standins_dir: Path, root: Path, tmp_path: Path) -> None:
     proc = run_runfile(
         standins_dir / CUDA,
         "--silent",
@@ -277,10 +244,7 @@ def test_cuda_runfile_rejects_an_unusable_tmpdir(
         root=root,
     )
     assert proc.returncode == 1
-    assert (
-        "An error occurred during extraction. See log at /var/log/cuda-installer.log"
-        in proc.stdout
-    )
+    assert "An error occurred during extraction. See log at /var/log/cuda-installer.log" in proc.stdout
     assert not (tmp_path / "cuda").exists()
 
 
@@ -295,10 +259,7 @@ def test_cuda_runfile_extract(standins_dir: Path, root: Path, tmp_path: Path) ->
     proc = run_runfile(standins_dir / CUDA, f"--extract={dest}", root=root)
     assert proc.returncode == 0, proc.stderr
     assert (dest / DRIVER).is_file()
-    assert (
-        json.loads((dest / "version.json").read_text())["cuda_cudart"]["version"]
-        == "11.8.89"
-    )
+    assert json.loads((dest / "version.json").read_text())["cuda_cudart"]["version"] == "11.8.89"
     assert not os.path.lexists(root / "usr/local/cuda")
 
 
@@ -319,13 +280,9 @@ def test_cudnn_archive_layout(standins_dir: Path) -> None:
         "libcudnn_cnn_train",
         "libcudnn_ops_infer",
     ):
+        assert members[f"{top}/lib/{lib}.so"].issym() and members[f"{top}/lib/{lib}.so"].linkname == f"{lib}.so.8"
         assert (
-            members[f"{top}/lib/{lib}.so"].issym()
-            and members[f"{top}/lib/{lib}.so"].linkname == f"{lib}.so.8"
-        )
-        assert (
-            members[f"{top}/lib/{lib}.so.8"].issym()
-            and members[f"{top}/lib/{lib}.so.8"].linkname == f"{lib}.so.8.6.0"
+            members[f"{top}/lib/{lib}.so.8"].issym() and members[f"{top}/lib/{lib}.so.8"].linkname == f"{lib}.so.8.6.0"
         )
         assert members[f"{top}/lib/{lib}.so.8.6.0"].isfile()
     for header in (
@@ -342,10 +299,7 @@ def test_cudnn_archive_layout(standins_dir: Path) -> None:
         macros["CUDNN_MINOR"],
         macros["CUDNN_PATCHLEVEL"],
     ) == ("8", "6", "0")
-    assert (
-        macros["CUDNN_VERSION"]
-        == "(CUDNN_MAJOR * 1000 + CUDNN_MINOR * 100 + CUDNN_PATCHLEVEL)"
-    )
+    assert macros["CUDNN_VERSION"] == "(CUDNN_MAJOR * 1000 + CUDNN_MINOR * 100 + CUDNN_PATCHLEVEL)"
 
 
 @pytest.mark.skipif(
@@ -359,18 +313,14 @@ def test_cudnn_libraries_are_ldconfig_clean(standins_dir: Path, tmp_path: Path) 
         safe = {"filter": "tar"} if hasattr(tarfile, "tar_filter") else {}
         archive.extractall(tmp_path, **safe)
     libdir = next(tmp_path.glob("*/lib"))
-    proc = subprocess.run(
-        [ldconfig, "-n", "-v", str(libdir)], capture_output=True, text=True, check=False
-    )
+    proc = subprocess.run([ldconfig, "-n", "-v", str(libdir)], capture_output=True, text=True, check=False)
     assert "is not a symbolic link" not in proc.stderr
     # NVIDIA's known pitfall reproduces: copying without -P turns the links into files.
     flat = tmp_path / "flat"
     flat.mkdir()
     for lib in libdir.iterdir():
         shutil.copy(lib, flat / lib.name)
-    proc = subprocess.run(
-        [ldconfig, "-n", str(flat)], capture_output=True, text=True, check=False
-    )
+    proc = subprocess.run([ldconfig, "-n", str(flat)], capture_output=True, text=True, check=False)
     assert f"{flat}/libcudnn.so.8 is not a symbolic link" in proc.stderr
 
 
@@ -386,9 +336,7 @@ def test_libraries_report_their_versions(standins_dir: Path) -> None:
     assert cudnn.cudnnGetCudartVersion() == 11080
     value = ctypes.c_int(-1)
     cudart = ctypes.CDLL(str(libs / "libcudart.so.11.0"))
-    assert (
-        cudart.cudaRuntimeGetVersion(ctypes.byref(value)) == 0 and value.value == 11080
-    )
+    assert cudart.cudaRuntimeGetVersion(ctypes.byref(value)) == 0 and value.value == 11080
     assert cudart.cudaDriverGetVersion(ctypes.byref(value)) == 0 and value.value == 0
     cuda = ctypes.CDLL(str(libs / "libcuda.so.1"))
     assert cuda.cuDriverGetVersion(ctypes.byref(value)) == 0 and value.value == 11080
@@ -396,10 +344,7 @@ def test_libraries_report_their_versions(standins_dir: Path) -> None:
     nvml = ctypes.CDLL(str(libs / "libnvidia-ml.so.1"))
     buffer = ctypes.create_string_buffer(80)
     assert nvml.nvmlInit_v2() == 0
-    assert (
-        nvml.nvmlSystemGetDriverVersion(buffer, 80) == 0
-        and buffer.value == b"520.61.05"
-    )
+    assert nvml.nvmlSystemGetDriverVersion(buffer, 80) == 0 and buffer.value == b"520.61.05"
 
 
 @pytest.mark.skipif(not shutil.which("readelf"), reason="no readelf")
@@ -448,9 +393,7 @@ def test_nvidia_smi_query_csv(nvidia_smi_standin: NvidiaSmiStandin) -> None:
         "0, NVIDIA A100-SXM4-80GB, 81920 MiB, 520.61.05, 8.0, 00000000:07:00.0, 16, 0 %, 2",
         "1, NVIDIA A100-SXM4-80GB, 81920 MiB, 520.61.05, 8.0, 00000000:0F:00.0, 16, 0 %, 2",
     ]
-    proc = nvidia_smi_standin.run(
-        "--query-gpu=memory.total,memory.free", "--format=csv,noheader,nounits"
-    )
+    proc = nvidia_smi_standin.run("--query-gpu=memory.total,memory.free", "--format=csv,noheader,nounits")
     assert proc.stdout.splitlines() == ["81920, 81920", "81920, 81920"]
 
 
@@ -473,9 +416,7 @@ def test_nvidia_smi_omits_a_gpu_that_fell_off_the_bus(
         "--format=csv,noheader",
         description="2xA100-one-missing.json",
     )
-    assert proc.stdout.splitlines() == [
-        "0, GPU-89fdc1e1-18b2-f499-c12b-82bcb9bfb3fa, 1"
-    ]
+    assert proc.stdout.splitlines() == ["0, GPU-89fdc1e1-18b2-f499-c12b-82bcb9bfb3fa, 1"]
 
 
 def test_nvidia_smi_unknown_field(nvidia_smi_standin: NvidiaSmiStandin) -> None:
@@ -499,19 +440,13 @@ def test_nvidia_smi_topology(nvidia_smi_standin: NvidiaSmiStandin) -> None:
     assert lines[2].split("\t")[:3] == ["GPU1", "NV12", " X "]
     assert "Legend:" in lines
     assert "  NV#  = Connection traversing a bonded set of # NVLinks" in lines
-    rtx = nvidia_smi_standin.run(
-        "topo", "-m", description="4xRTX3090-PCIe-x8.json"
-    ).stdout.splitlines()
+    rtx = nvidia_smi_standin.run("topo", "-m", description="4xRTX3090-PCIe-x8.json").stdout.splitlines()
     assert rtx[1].split("\t")[1:5] == [" X ", "PHB", "PHB", "PHB"]
 
 
 def test_nvidia_smi_version_header(nvidia_smi_standin: NvidiaSmiStandin) -> None:
     out = nvidia_smi_standin.run().stdout
-    assert (
-        "NVIDIA-SMI 520.61.05" in out
-        and "Driver Version: 520.61.05" in out
-        and "CUDA Version: 11.8" in out
-    )
+    assert "NVIDIA-SMI 520.61.05" in out and "Driver Version: 520.61.05" in out and "CUDA Version: 11.8" in out
 
 
 # -- builder ---------------------------------------------------------------------

@@ -48,9 +48,7 @@ def test_check_fit_passes_a_good_result() -> None:
 
 
 def test_check_fit_replica_mismatch() -> None:
-    (found,) = fit.check_fit(
-        good_result(mode="gpu", num_replicas_in_sync=1, devices=["/gpu:0"]), 2
-    )
+    (found,) = fit.check_fit(good_result(mode="gpu", num_replicas_in_sync=1, devices=["/gpu:0"]), 2)
     assert found["check"] == "fit"
     assert "ran 1 replicas, expected 2" in found["cause"] and "/gpu:0" in found["cause"]
     assert "CUDA_VISIBLE_DEVICES" in found["fix"]
@@ -71,17 +69,12 @@ def test_check_fit_non_finite_loss(field: str, value: Any) -> None:
 
 def test_check_fit_loss_not_falling() -> None:
     (found,) = fit.check_fit(good_result(loss_start=2.30, loss_end=2.31), 2)
-    assert (
-        found["cause"]
-        == "Loss did not fall: 2.3000 before training, 2.3100 after 3 epochs."
-    )
+    assert found["cause"] == "Loss did not fall: 2.3000 before training, 2.3100 after 3 epochs."
     assert "nvidia-smi topo -m" in found["fix"]
 
 
 def test_classify_exception() -> None:
-    cause, fix = fit.classify_exception(
-        "ResourceExhaustedError", "OOM when allocating tensor with shape[64,16,32,32]"
-    )
+    cause, fix = fit.classify_exception("ResourceExhaustedError", "OOM when allocating tensor with shape[64,16,32,32]")
     assert cause.startswith("Out of GPU memory") and "--per-replica-batch" in fix
     message = (
         "Loaded runtime CuDNN library: 8.8.0 but source was compiled with: 8.9.4. CuDNN library needs "
@@ -89,13 +82,9 @@ def test_classify_exception() -> None:
     )
     cause, _ = fit.classify_exception("FailedPreconditionError", message)
     assert "refused the loaded cuDNN" in cause and "8.8.0" in cause
-    cause, fix = fit.classify_exception(
-        "UnknownError", "NCCL operation ncclAllReduce failed: unhandled system error"
-    )
+    cause, fix = fit.classify_exception("UnknownError", "NCCL operation ncclAllReduce failed: unhandled system error")
     assert "NCCL" in cause and "IOMMU" in fix and "nvidia-smi topo -m" in fix
-    cause, _ = fit.classify_exception(
-        "InternalError", "CUDA driver version is insufficient for CUDA runtime version"
-    )
+    cause, _ = fit.classify_exception("InternalError", "CUDA driver version is insufficient for CUDA runtime version")
     assert "driver is too old" in cause
     cause, fix = fit.classify_exception("ValueError", "something odd")
     assert "ValueError" in cause and "traceback" in fix
@@ -122,9 +111,7 @@ def tf_python() -> str:
     """The interpreter from GPU_VERIFY_TF_PYTHON, or skip when it is unset or lacks tensorflow."""
     python = os.environ.get("GPU_VERIFY_TF_PYTHON")
     if not python:
-        pytest.skip(
-            "set GPU_VERIFY_TF_PYTHON to a python that has tensorflow to run the real fit"
-        )
+        pytest.skip("set GPU_VERIFY_TF_PYTHON to a python that has tensorflow to run the real fit")
     probe = subprocess.run(
         [python, "-c", "import tensorflow"],
         capture_output=True,

@@ -119,18 +119,14 @@ def test_more_gpus_than_inventory_is_a_failure_pointing_at_stale_inventory() -> 
     assert doc["ok"] is False
     assert (doc["seen"], doc["missing"], doc["extra"]) == (4, 0, 2)
     cause, fix = doc["problems"][0]["cause"], doc["problems"][0]["fix"]
-    assert (
-        cause == "Expected 2 GPUs, nvidia-smi sees 4 (2 more than the inventory says)."
-    )
+    assert cause == "Expected 2 GPUs, nvidia-smi sees 4 (2 more than the inventory says)."
     assert "stale" in fix and "gpu_verify_expected_gpu_count" in fix
 
 
 def test_empty_output_counts_all_missing() -> None:
     doc = gpu_count.evaluate(2, ok(""))
     assert doc["ok"] is False
-    assert (
-        doc["problems"][0]["cause"] == "Expected 2 GPUs, nvidia-smi sees 0 (2 missing)."
-    )
+    assert doc["problems"][0]["cause"] == "Expected 2 GPUs, nvidia-smi sees 0 (2 missing)."
 
 
 def test_no_devices_found_exit_6() -> None:
@@ -150,21 +146,14 @@ def test_driver_not_loaded_exit_9() -> None:
 
 
 def test_nvidia_smi_not_found_and_timeout() -> None:
-    doc = gpu_count.evaluate(
-        2, CommandResult(None, "", "", "not-found"), "/opt/none/nvidia-smi"
-    )
-    assert (
-        "not found" in doc["problems"][0]["cause"]
-        and "/opt/none/nvidia-smi" in doc["problems"][0]["cause"]
-    )
+    doc = gpu_count.evaluate(2, CommandResult(None, "", "", "not-found"), "/opt/none/nvidia-smi")
+    assert "not found" in doc["problems"][0]["cause"] and "/opt/none/nvidia-smi" in doc["problems"][0]["cause"]
     doc = gpu_count.evaluate(2, CommandResult(None, "", "", "timeout"))
     assert "did not answer" in doc["problems"][0]["cause"]
 
 
 def test_garbled_output_is_a_problem_not_a_crash() -> None:
-    doc = gpu_count.evaluate(
-        1, ok('Field "pci.bus_id" is not a valid field to query.\n')
-    )
+    doc = gpu_count.evaluate(1, ok('Field "pci.bus_id" is not a valid field to query.\n'))
     assert doc["ok"] is False
     assert "Could not read nvidia-smi's output" in doc["problems"][0]["cause"]
 
@@ -186,18 +175,12 @@ def test_cli_runs_a_fake_nvidia_smi(tmp_path: Path) -> None:
         fake,
         "--no-lspci",
     ]
-    done = subprocess.run(
-        run + ["--expected", "2"], capture_output=True, text=True, check=False
-    )
+    done = subprocess.run(run + ["--expected", "2"], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["seen"] == 2
-    done = subprocess.run(
-        run + ["--expected", "3"], capture_output=True, text=True, check=False
-    )
+    done = subprocess.run(run + ["--expected", "3"], capture_output=True, text=True, check=False)
     assert done.returncode == 1
-    assert json.loads(done.stdout)["problems"][0]["cause"].startswith(
-        "Expected 3 GPUs, nvidia-smi sees 2"
-    )
+    assert json.loads(done.stdout)["problems"][0]["cause"].startswith("Expected 3 GPUs, nvidia-smi sees 2")
 
 
 def test_cli_exit_6_from_fake_nvidia_smi(tmp_path: Path) -> None:
@@ -245,16 +228,11 @@ def test_against_the_nvidia_smi_standin(
     seen: int,
     ok: bool,
 ) -> None:
-    monkeypatch.setenv(
-        "NVIDIA_STANDIN_GPUS", smi_standin.env(description)["NVIDIA_STANDIN_GPUS"]
-    )
+    monkeypatch.setenv("NVIDIA_STANDIN_GPUS", smi_standin.env(description)["NVIDIA_STANDIN_GPUS"])
     doc = gpu_count.check_gpus(expected, str(smi_standin.path), timeout=30, lspci=None)
     assert (doc["seen"], doc["ok"]) == (seen, ok), doc
     if seen:
         assert doc["driver_version"] == "520.61.05"
         assert all(d["pci_bus_id"].startswith("00000000:") for d in doc["devices"])
     if description == "2xA100-one-missing.json":
-        assert (
-            doc["problems"][0]["cause"]
-            == "Expected 2 GPUs, nvidia-smi sees 1 (1 missing)."
-        )
+        assert doc["problems"][0]["cause"] == "Expected 2 GPUs, nvidia-smi sees 1 (1 missing)."

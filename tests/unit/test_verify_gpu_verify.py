@@ -59,10 +59,7 @@ def test_driver_problems() -> None:
     assert gpu_verify.driver_problems(None, "520.61.05") == []
     (found,) = gpu_verify.driver_problems("515.65.01", "520.61.05")
     assert found["check"] == "driver"
-    assert (
-        found["cause"]
-        == "nvidia-smi reports driver 515.65.01, the stack pins 520.61.05."
-    )
+    assert found["cause"] == "nvidia-smi reports driver 515.65.01, the stack pins 520.61.05."
     assert "reboot" in found["fix"]
 
 
@@ -71,17 +68,12 @@ def test_tensorflow_gpu_problems_cpu_build() -> None:
     (found,) = gpu_verify.tensorflow_gpu_problems(info, 2, 2)
     assert "sees 0 GPUs, nvidia-smi 2, the inventory expects 2" in found["cause"]
     assert "CPU-only" in found["fix"]
-    assert (
-        gpu_verify.tensorflow_gpu_problems(dict(info, gpus=2, is_cuda_build=True), 2, 2)
-        == []
-    )
+    assert gpu_verify.tensorflow_gpu_problems(dict(info, gpus=2, is_cuda_build=True), 2, 2) == []
 
 
 def test_tf_loaded_library_problems() -> None:
     loaded = {
-        "libcudnn": [
-            {"path": "/venv/nvidia/cudnn/lib/libcudnn.so.8", "version": "8.1.1"}
-        ],
+        "libcudnn": [{"path": "/venv/nvidia/cudnn/lib/libcudnn.so.8", "version": "8.1.1"}],
         "libcudart": [
             {
                 "path": "/usr/local/cuda-11.8/lib64/libcudart.so.11.8.89",
@@ -106,20 +98,12 @@ def test_tf_loaded_library_problems() -> None:
 
 def test_mode_note() -> None:
     assert gpu_verify.mode_note(0) is None
-    assert (
-        gpu_verify.mode_note(2)
-        == "fit ran on 2 logical CPU devices (--cpu-replicas 2), not on GPUs"
-    )
+    assert gpu_verify.mode_note(2) == "fit ran on 2 logical CPU devices (--cpu-replicas 2), not on GPUs"
 
 
 def test_timeout_problem_names_the_stage_and_nccl_fix() -> None:
-    found = gpu_verify.timeout_problem(
-        600, [{"stage": "fit", "t": 9.0}, {"stage": "epoch", "t": 12.5, "epoch": 1}]
-    )
-    assert (
-        "did not finish within 600 s" in found["cause"]
-        and "'epoch' at 12.5 s, after epoch 1" in found["cause"]
-    )
+    found = gpu_verify.timeout_problem(600, [{"stage": "fit", "t": 9.0}, {"stage": "epoch", "t": 12.5, "epoch": 1}])
+    assert "did not finish within 600 s" in found["cause"] and "'epoch' at 12.5 s, after epoch 1" in found["cause"]
     for words in ("nvidia-smi topo -m", "IOMMU", "ACS", "NCCL"):
         assert words in found["fix"]
     assert "never started" in gpu_verify.timeout_problem(5, [])["cause"]
@@ -157,11 +141,7 @@ def test_fit_timeout_kills_the_whole_process_group(tmp_path: Path) -> None:
 def test_fit_crash_without_result(tmp_path: Path) -> None:
     script = _write(tmp_path / "crash.py", FAKE_FIT_CRASHES)
     result = gpu_verify.run_fit_subprocess([], 60, script)
-    assert (
-        result["ok"] is False
-        and result["timed_out"] is False
-        and result["returncode"] == 3
-    )
+    assert result["ok"] is False and result["timed_out"] is False and result["returncode"] == 3
     assert "exited with 3 without a result" in result["problems"][0]["cause"]
     assert "libcudnn.so.8" in result["stderr_tail"]
 
@@ -175,9 +155,7 @@ def _fake_nvidia_smi(tmp_path: Path, text: str) -> str:
     return str(path)
 
 
-def run_verify(
-    tmp_path: Path, extra: list[str], ld_library_path: str = ""
-) -> subprocess.CompletedProcess:
+def run_verify(tmp_path: Path, extra: list[str], ld_library_path: str = "") -> subprocess.CompletedProcess:
     command = [
         sys.executable,
         str(VERIFY_DIR / "gpu_verify.py"),
@@ -205,17 +183,11 @@ def run_verify(
         *extra,
     ]
     env = dict(os.environ, LD_LIBRARY_PATH=ld_library_path)
-    return subprocess.run(
-        command, capture_output=True, text=True, env=env, timeout=120, check=False
-    )
+    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=120, check=False)
 
 
 def check_schema(doc: dict[str, Any]) -> None:
-    assert (
-        doc["schema"] == 1
-        and doc["stack"] == "tf2.12"
-        and doc["mode"] == "cpu-replicas"
-    )
+    assert doc["schema"] == 1 and doc["stack"] == "tf2.12" and doc["mode"] == "cpu-replicas"
     assert set(doc) >= {
         "host",
         "ok",
@@ -229,10 +201,7 @@ def check_schema(doc: dict[str, Any]) -> None:
         "expected",
         "seconds",
     }
-    assert (
-        doc["mode_note"]
-        == "fit ran on 2 logical CPU devices (--cpu-replicas 2), not on GPUs"
-    )
+    assert doc["mode_note"] == "fit ran on 2 logical CPU devices (--cpu-replicas 2), not on GPUs"
     assert doc["expected"] == {
         "gpus": 2,
         "driver": "520.61.05",
@@ -257,10 +226,7 @@ def test_document_schema_with_fake_fit(tmp_path: Path) -> None:
 
 def test_table_format(tmp_path: Path) -> None:
     done = run_verify(tmp_path, ["--format", "table"])
-    assert (
-        "stack tf2.12" in done.stdout
-        and "note: fit ran on 2 logical CPU devices" in done.stdout
-    )
+    assert "stack tf2.12" in done.stdout and "note: fit ran on 2 logical CPU devices" in done.stdout
     assert "libcudnn" in done.stdout and "loss 2.400 -> 0.600" in done.stdout
 
 
@@ -280,9 +246,7 @@ def standin_libs(request: pytest.FixtureRequest) -> Path:
     try:
         root = request.getfixturevalue("standins_dir")
     except pytest.FixtureLookupError:
-        pytest.skip(
-            "tests/conftest.py fixture 'standins_dir' (gcc-built stand-in libraries) is not available"
-        )
+        pytest.skip("tests/conftest.py fixture 'standins_dir' (gcc-built stand-in libraries) is not available")
     return Path(root) / "libs"
 
 
@@ -294,9 +258,7 @@ def test_all_checks_pass_with_standins(tmp_path: Path, standin_libs: Path) -> No
     assert doc["libraries"]["libcudnn"]["version"] == "8.6.0"
 
 
-def test_driver_and_cudnn_pins_fail_with_standins(
-    tmp_path: Path, standin_libs: Path
-) -> None:
+def test_driver_and_cudnn_pins_fail_with_standins(tmp_path: Path, standin_libs: Path) -> None:
     done = run_verify(
         tmp_path,
         ["--expect-driver", "535.104.05", "--expect-cudnn", "8.9.7"],
@@ -310,15 +272,8 @@ def test_driver_and_cudnn_pins_fail_with_standins(
 def test_real_gpu_verify_cpu_replicas(tmp_path: Path) -> None:
     """The whole script with the real fit.py, when GPU_VERIFY_TF_PYTHON has tensorflow."""
     python = os.environ.get("GPU_VERIFY_TF_PYTHON")
-    if (
-        not python
-        or subprocess.run(
-            [python, "-c", "import tensorflow"], capture_output=True, check=False
-        ).returncode
-    ):
-        pytest.skip(
-            "set GPU_VERIFY_TF_PYTHON to a python that has tensorflow to run the real fit"
-        )
+    if not python or subprocess.run([python, "-c", "import tensorflow"], capture_output=True, check=False).returncode:
+        pytest.skip("set GPU_VERIFY_TF_PYTHON to a python that has tensorflow to run the real fit")
     done = subprocess.run(
         [
             python,
@@ -340,11 +295,5 @@ def test_real_gpu_verify_cpu_replicas(tmp_path: Path) -> None:
     )
     doc = json.loads(done.stdout)
     fit = doc["fit"]
-    assert (
-        fit["ok"] is True
-        and fit["num_replicas_in_sync"] == 2
-        and fit["loss_end"] < fit["loss_start"]
-    )
-    assert doc["tensorflow"]["version"] and not [
-        p for p in doc["problems"] if p["check"] in ("fit", "tensorflow")
-    ]
+    assert fit["ok"] is True and fit["num_replicas_in_sync"] == 2 and fit["loss_end"] < fit["loss_start"]
+    assert doc["tensorflow"]["version"] and not [p for p in doc["problems"] if p["check"] in ("fit", "tensorflow")]

@@ -17,9 +17,7 @@ sys.path.insert(0, str(VERIFY_DIR))
 import libraries
 
 
-def rec(
-    soname: str, raw: int, version: str, path: str = "/usr/local/cuda-11.8/lib64/x"
-) -> dict[str, Any]:
+def rec(soname: str, raw: int, version: str, path: str = "/usr/local/cuda-11.8/lib64/x") -> dict[str, Any]:
     return {
         "soname": soname,
         "path": path,
@@ -91,57 +89,37 @@ def test_paths_from_maps_matches_the_library_not_its_siblings() -> None:
         "7f5 r--p 00000000 08:01 14 /usr/local/cuda-11.8/lib64/libcudart.so.11.8.89\n"
         "7f6 rw-p 00000000 00:00 0 \n"
     )
-    assert libraries.paths_from_maps(maps, "libcudnn.so") == [
-        "/usr/local/cuda-11.8/lib64/libcudnn.so.8.6.0"
-    ]
-    assert libraries.paths_from_maps(maps, "libcuda.so") == [
-        "/usr/lib/x86_64-linux-gnu/libcuda.so.520.61.05"
-    ]
-    assert libraries.paths_from_maps(maps, "libcudart.so") == [
-        "/usr/local/cuda-11.8/lib64/libcudart.so.11.8.89"
-    ]
+    assert libraries.paths_from_maps(maps, "libcudnn.so") == ["/usr/local/cuda-11.8/lib64/libcudnn.so.8.6.0"]
+    assert libraries.paths_from_maps(maps, "libcuda.so") == ["/usr/lib/x86_64-linux-gnu/libcuda.so.520.61.05"]
+    assert libraries.paths_from_maps(maps, "libcudart.so") == ["/usr/local/cuda-11.8/lib64/libcudart.so.11.8.89"]
 
 
 def test_compare_cudart() -> None:
-    assert (
-        libraries.compare_cudart(rec("libcudart.so.11.0", 11080, "11.8"), "11.8") == []
-    )
+    assert libraries.compare_cudart(rec("libcudart.so.11.0", 11080, "11.8"), "11.8") == []
     (found,) = libraries.compare_cudart(
         rec("libcudart.so.11.0", 11020, "11.2", "/usr/lib/libcudart.so.11.2.152"),
         "11.8",
     )
     assert found["check"] == "libcudart"
-    assert (
-        "is 11.2, the stack pins 11.8" in found["cause"]
-        and "/usr/lib/libcudart.so.11.2.152" in found["cause"]
-    )
+    assert "is 11.2, the stack pins 11.8" in found["cause"] and "/usr/lib/libcudart.so.11.2.152" in found["cause"]
     assert "ldconfig" in found["fix"]
 
 
 def test_compare_cudnn_ignores_build_number_and_flags_mismatch() -> None:
-    assert (
-        libraries.compare_cudnn(rec("libcudnn.so.8", 8600, "8.6.0"), "8.6.0.163") == []
-    )
+    assert libraries.compare_cudnn(rec("libcudnn.so.8", 8600, "8.6.0"), "8.6.0.163") == []
     (found,) = libraries.compare_cudnn(rec("libcudnn.so.8", 8101, "8.1.1"), "8.6.0")
     assert "is 8.1.1, the stack pins 8.6.0" in found["cause"]
 
 
 def test_driver_too_old_for_runtime() -> None:
-    libcuda = rec(
-        "libcuda.so.1", 11040, "11.4", "/usr/lib/x86_64-linux-gnu/libcuda.so.470.82.01"
-    )
-    (found,) = libraries.compare_driver_runtime(
-        libcuda, rec("libcudart.so.11.0", 11080, "11.8")
-    )
+    libcuda = rec("libcuda.so.1", 11040, "11.4", "/usr/lib/x86_64-linux-gnu/libcuda.so.470.82.01")
+    (found,) = libraries.compare_driver_runtime(libcuda, rec("libcudart.so.11.0", 11080, "11.8"))
     assert found["check"] == "driver"
     assert "Driver too old for the runtime" in found["cause"]
     assert "CUDA 11.4" in found["cause"] and "CUDA 11.8" in found["cause"]
     assert "upgrade the driver" in found["fix"]
     newer = rec("libcuda.so.1", 12020, "12.2")
-    assert (
-        libraries.compare_driver_runtime(newer, rec("libcudart.so.11.0", 11080, "11.8"))
-        == []
-    )
+    assert libraries.compare_driver_runtime(newer, rec("libcudart.so.11.0", 11080, "11.8")) == []
 
 
 @pytest.mark.parametrize(
@@ -164,10 +142,7 @@ def test_compare_with_build_cpu_build_is_silent() -> None:
         "libcudart": rec("libcudart.so.11.0", 11020, "11.2"),
         "libcudnn": rec("libcudnn.so.8", 8101, "8.1.1"),
     }
-    assert (
-        libraries.compare_with_build({"is_cuda_build": False, "build_info": {}}, libs)
-        == []
-    )
+    assert libraries.compare_with_build({"is_cuda_build": False, "build_info": {}}, libs) == []
 
 
 def test_compare_with_build_flags_cuda_and_cudnn() -> None:
@@ -204,23 +179,16 @@ def test_load_failure_names_soname_error_and_search_places(tmp_path: Path) -> No
         dirs,
     )
     assert found["check"] == "libcudnn"
-    assert found["cause"].startswith(
-        "Cannot load libcudnn.so.8: libcudnn.so.8: cannot open shared object file"
-    )
+    assert found["cause"].startswith("Cannot load libcudnn.so.8: libcudnn.so.8: cannot open shared object file")
     assert "LD_LIBRARY_PATH=/opt/x/lib" in found["cause"]
     assert "cuda-11-8.conf: /usr/local/cuda-11.8/lib64" in found["cause"]
     assert "ldconfig" in found["fix"] and "/etc/ld.so.conf.d" in found["fix"]
     driver = libraries.load_failure_problem("libcuda", "libcuda.so.1", "nope", None, {})
-    assert (
-        "LD_LIBRARY_PATH=(unset)" in driver["cause"]
-        and "NVIDIA driver" in driver["fix"]
-    )
+    assert "LD_LIBRARY_PATH=(unset)" in driver["cause"] and "NVIDIA driver" in driver["fix"]
 
 
 def test_tensorflow_problems() -> None:
-    (found,) = libraries.tensorflow_problems(
-        {"error": "import tensorflow failed: ModuleNotFoundError"}, {}
-    )
+    (found,) = libraries.tensorflow_problems({"error": "import tensorflow failed: ModuleNotFoundError"}, {})
     assert "import tensorflow failed" in found["cause"] and "tf_venv" in found["fix"]
     info = {
         "version": "2.12.0",
@@ -233,14 +201,9 @@ def test_tensorflow_problems() -> None:
 
 
 def test_json_safe_build_info() -> None:
-    safe = libraries.json_safe(
-        {"cuda_compute_capabilities": ("sm_35", "compute_80"), "x": object, "b": True}
-    )
+    safe = libraries.json_safe({"cuda_compute_capabilities": ("sm_35", "compute_80"), "x": object, "b": True})
     json.dumps(safe)
-    assert (
-        safe["cuda_compute_capabilities"] == ["sm_35", "compute_80"]
-        and safe["b"] is True
-    )
+    assert safe["cuda_compute_capabilities"] == ["sm_35", "compute_80"] and safe["b"] is True
 
 
 def run_libraries(args: list, ld_library_path: str) -> subprocess.CompletedProcess:
@@ -262,11 +225,7 @@ def test_missing_library_reports_soname_and_ld_library_path(tmp_path: Path) -> N
     assert doc["libraries"]["libcudart"]["ok"] is False
     assert doc["libraries"]["libcudart"]["soname"] == "libcudart.so.10.2"
     causes = [p["cause"] for p in doc["problems"] if p["check"] == "libcudart"]
-    assert (
-        causes
-        and "libcudart.so.10.2" in causes[0]
-        and f"LD_LIBRARY_PATH={tmp_path}" in causes[0]
-    )
+    assert causes and "libcudart.so.10.2" in causes[0] and f"LD_LIBRARY_PATH={tmp_path}" in causes[0]
 
 
 def test_usage_error_exits_2() -> None:
@@ -280,16 +239,12 @@ def standin_libs(request: pytest.FixtureRequest) -> Path:
     try:
         root = request.getfixturevalue("standins_dir")
     except pytest.FixtureLookupError:
-        pytest.skip(
-            "tests/conftest.py fixture 'standins_dir' (gcc-built stand-in libraries) is not available"
-        )
+        pytest.skip("tests/conftest.py fixture 'standins_dir' (gcc-built stand-in libraries) is not available")
     return Path(root) / "libs"
 
 
 def test_loads_standins_and_reports_their_real_paths(standin_libs: Path) -> None:
-    done = run_libraries(
-        ["--expect-cuda", "11.8", "--expect-cudnn", "8.6.0"], str(standin_libs)
-    )
+    done = run_libraries(["--expect-cuda", "11.8", "--expect-cudnn", "8.6.0"], str(standin_libs))
     assert done.returncode == 0, done.stdout + done.stderr
     doc = json.loads(done.stdout)
     assert doc["ok"] is True and doc["problems"] == []
@@ -311,12 +266,7 @@ def test_loads_standins_and_reports_their_real_paths(standin_libs: Path) -> None
 
 
 def test_standin_cudnn_against_other_pin_fails(standin_libs: Path) -> None:
-    done = run_libraries(
-        ["--expect-cuda", "11.8", "--expect-cudnn", "8.9.7"], str(standin_libs)
-    )
+    done = run_libraries(["--expect-cuda", "11.8", "--expect-cudnn", "8.9.7"], str(standin_libs))
     assert done.returncode == 1
     (found,) = json.loads(done.stdout)["problems"]
-    assert (
-        found["check"] == "libcudnn"
-        and "is 8.6.0, the stack pins 8.9.7" in found["cause"]
-    )
+    assert found["check"] == "libcudnn" and "is 8.6.0, the stack pins 8.9.7" in found["cause"]

@@ -47,7 +47,8 @@ def test_ldconfig_knows_cudnn_without_warnings(host):
     out = host.run("ldconfig 2>&1; ldconfig -p")
     assert "is not a symbolic link" not in out.stdout
     assert f"libcudnn.so.8 (libc6,x86-64) => {CUDA}/lib64/libcudnn.so.8" in out.stdout.replace(
-        f"{CUDA}/targets/x86_64-linux/lib", f"{CUDA}/lib64")
+        f"{CUDA}/targets/x86_64-linux/lib", f"{CUDA}/lib64"
+    )
 
 
 def test_ld_so_conf_names_only_the_default_toolkit(host):
@@ -126,10 +127,21 @@ def test_more_gpus_expected_than_seen_fails_verification(tmp_path):
     """playbooks/verify.yml on its own, with the inventory expecting 3 GPUs on a 2-GPU host."""
     env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"))
     out = subprocess.run(
-        [str(Path(sys.executable).with_name("ansible-playbook")), str(ROOT / "playbooks/verify.yml"),
-         "-i", os.environ["MOLECULE_INVENTORY_FILE"],
-         "-e", "gpu_verify_expected_gpu_count=3", "-e", f"gpu_verify_report_dir={tmp_path}"],
-        capture_output=True, text=True, env=env, cwd=ROOT, timeout=600,
+        [
+            str(Path(sys.executable).with_name("ansible-playbook")),
+            str(ROOT / "playbooks/verify.yml"),
+            "-i",
+            os.environ["MOLECULE_INVENTORY_FILE"],
+            "-e",
+            "gpu_verify_expected_gpu_count=3",
+            "-e",
+            f"gpu_verify_report_dir={tmp_path}",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=600,
     )
     assert out.returncode != 0
     assert "Expected 3 GPUs, nvidia-smi sees 2 (1 missing)" in out.stdout

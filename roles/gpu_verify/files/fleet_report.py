@@ -114,11 +114,7 @@ def build_row(host: str, doc: Any) -> dict[str, Any]:
     passed = isinstance(doc, dict) and doc.get("ok") is True and not problems
     stack = _get(doc, "stack")
     gpus = _get(doc, "gpus") or {}
-    expected = (
-        gpus.get("expected", _get(doc, "expected", "gpus"))
-        if isinstance(gpus, dict)
-        else None
-    )
+    expected = gpus.get("expected", _get(doc, "expected", "gpus")) if isinstance(gpus, dict) else None
     seen = gpus.get("seen") if isinstance(gpus, dict) else None
     loss_start, loss_end = _get(doc, "fit", "loss_start"), _get(doc, "fit", "loss_end")
     checks = sorted({str(p.get("check")) for p in problems})
@@ -132,9 +128,7 @@ def build_row(host: str, doc: Any) -> dict[str, Any]:
     return {
         "host": f"{host} ({stack})" if stack else host,
         "status": "PASS" if passed else "FAIL",
-        "driver": _get(doc, "driver_version")
-        or _get(doc, "gpus", "driver_version")
-        or "-",
+        "driver": _get(doc, "driver_version") or _get(doc, "gpus", "driver_version") or "-",
         "cuda": _get(doc, "libraries", "libcudart", "version") or "-",
         "cudnn": _get(doc, "libraries", "libcudnn", "version") or "-",
         "tensorflow": _get(doc, "tensorflow", "version") or "-",
@@ -144,17 +138,14 @@ def build_row(host: str, doc: Any) -> dict[str, Any]:
         "fit_seconds": _num(_get(doc, "fit", "fit_seconds"), 2),
         "samples_per_second": _num(_get(doc, "fit", "samples_per_second"), 1),
         "mode": _get(doc, "mode") or "-",
-        "problems": ("TIMED OUT " if _get(doc, "fit", "timed_out") else "")
-        + problems_cell,
+        "problems": ("TIMED OUT " if _get(doc, "fit", "timed_out") else "") + problems_cell,
         "_problems": problems,
         "_mode_note": _get(doc, "mode_note"),
         "_unreachable": bool(_get(doc, "unreachable")),
     }
 
 
-def build_report(
-    results: dict[str, Any], run_id: str | None, now: datetime.datetime | None = None
-) -> dict[str, Any]:
+def build_report(results: dict[str, Any], run_id: str | None, now: datetime.datetime | None = None) -> dict[str, Any]:
     """The fleet-report.json document (rows included) from the input object."""
     # datetime.UTC is Python 3.11+; keep this runnable by older controllers.
     now = now or datetime.datetime.now(datetime.timezone.utc)  # noqa: UP017
@@ -167,12 +158,8 @@ def build_report(
         hosts[host] = {
             "status": status,
             "unreachable": any(r["_unreachable"] for r in rows),
-            "rows": [
-                {k: v for k, v in r.items() if not k.startswith("_")} for r in rows
-            ],
-            "problems": [
-                dict(p, stack=r["host"]) for r in rows for p in r["_problems"]
-            ],
+            "rows": [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows],
+            "problems": [dict(p, stack=r["host"]) for r in rows for p in r["_problems"]],
             "mode_notes": sorted({r["_mode_note"] for r in rows if r["_mode_note"]}),
             "results": docs,
         }
@@ -197,16 +184,8 @@ def _rows(report: dict[str, Any]) -> list[dict[str, str]]:
 def _details(
     report: dict[str, Any],
 ) -> tuple[list[str], list[tuple[str, dict[str, str]]]]:
-    notes = [
-        f"{name}: {note}"
-        for name, host in report["hosts"].items()
-        for note in host["mode_notes"]
-    ]
-    problems = [
-        (p.get("stack", name), p)
-        for name, host in report["hosts"].items()
-        for p in host["problems"]
-    ]
+    notes = [f"{name}: {note}" for name, host in report["hosts"].items() for note in host["mode_notes"]]
+    problems = [(p.get("stack", name), p) for name, host in report["hosts"].items() for p in host["problems"]]
     return notes, problems
 
 
@@ -243,9 +222,7 @@ def _md(cell: Any) -> str:
 def format_markdown(report: dict[str, Any]) -> str:
     """Markdown version of the report."""
     summary = report["summary"]
-    title = "# GPU fleet report" + (
-        f" — run {report['run_id']}" if report.get("run_id") else ""
-    )
+    title = "# GPU fleet report" + (f" — run {report['run_id']}" if report.get("run_id") else "")
     lines = [
         title,
         "",
@@ -266,9 +243,7 @@ def format_markdown(report: dict[str, Any]) -> str:
     if problems:
         lines += ["", "## Problems", ""]
         for where, p in problems:
-            lines.append(
-                f"- **{_md(where)}** `{_md(p.get('check'))}`: {_md(p.get('cause'))}  "
-            )
+            lines.append(f"- **{_md(where)}** `{_md(p.get('check'))}`: {_md(p.get('cause'))}  ")
             lines.append(f"  Fix: {_md(p.get('fix'))}")
     return "\n".join(lines) + "\n"
 
@@ -297,22 +272,17 @@ def load_input(source: str, stdin: TextIO) -> dict[str, Any]:
     except (OSError, ValueError) as exc:
         raise BadInput(f"cannot read {source}: {exc}") from None
     if not isinstance(data, dict):
-        raise BadInput(
-            f"{source} must hold a JSON object {{hostname: result}}, got {type(data).__name__}"
-        )
+        raise BadInput(f"{source} must hold a JSON object {{hostname: result}}, got {type(data).__name__}")
     return data
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The command-line interface."""
     parser = argparse.ArgumentParser(
-        description="Write fleet-report.json and fleet-report.md from per-host gpu_verify results "
-        "and print the table.",
+        description="Write fleet-report.json and fleet-report.md from per-host gpu_verify results and print the table.",
         epilog="Exit codes: 0 report written (whatever the hosts' results), 2 bad input or usage error.",
     )
-    parser.add_argument(
-        "--input", required=True, help="JSON file {hostname: result}, or - for stdin"
-    )
+    parser.add_argument("--input", required=True, help="JSON file {hostname: result}, or - for stdin")
     parser.add_argument(
         "--out-dir",
         required=True,
