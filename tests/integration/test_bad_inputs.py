@@ -68,7 +68,13 @@ def fresh_host(tmp_path):
 
 
 def _site(inventory: Path, *extra: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_FORCE_COLOR="0")
+    # JSON results keep each message on one line (the YAML format folds long ones).
+    env = dict(
+        os.environ,
+        ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"),
+        ANSIBLE_FORCE_COLOR="0",
+        ANSIBLE_CALLBACK_RESULT_FORMAT="json",
+    )
     return subprocess.run(
         [ANSIBLE_PLAYBOOK, str(ROOT / "site.yml"), "-i", str(inventory), *extra],
         capture_output=True,
