@@ -1,0 +1,192 @@
+"""Decide, from facts gathered by gpu_preflight, whether a host is fit for the pinned stacks.
+
+Pure functions: the role gathers the raw facts (mounts, /proc/modules, ``mokutil --sb-state``,
+kernel headers, nvidia_gpu_facts, compute processes) and this module turns them into problems
+(the host stops) and warnings (the run goes on), each with a cause and a fix. Exposed to Ansible
+as the filter ``gpu_host_check``; plain functions for unit tests.
+
+Sources: the CUDA Installation Guide for Linux (nouveau must be disabled; ``--tmpdir`` "when /tmp
+is full or mounted noexec"; the kernel headers of the running kernel are needed to build the
+module; Secure Boot needs signed modules), reference sections 3.1, 4.1, 4.2; the multi-GPU
+hardware advice (mixed models, PCIe width, NVLink) is the project's seed guidance.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from typing import Any
+
+MIB = 1024 * 1024
+
+
+def mount_for(path: str, mounts: list[dict]) -> dict | None:
+    """The mount (an ``ansible_facts['mounts']`` item) holding ``path``; longest mount point wins.
+
+    ``path`` need not exist yet: the folder a runfile will create lives on its parent's mount.
+    """
+    path = posixpath.normpath(path)
+    best = None
+    for mount in mounts:
+        point = mount.get("mount", "")
+        if path == point or path.startswith(point.rstrip("/") + "/"):
+            if best is None or len(point) > len(best["mount"]):
+                best = mount
+    return best
+
+
+def _mib(value: float) -> str:
+    return f"{value / MIB:,.0f} MiB"
+
+
+def check_host(facts: dict, settings: dict | None = None) -> dict:
+    """Check one host.
+
+    Args:
+        facts: ``{
+            os: {distribution, major_version, os_family},
+            supported_os: {distribution: [major versions]},
+            manage_kernel: bool,            # the driver role builds kernel modules here
+            mounts: ansible_facts['mounts'],
+            space: [{path, need_bytes, purpose}],   # free space wanted where things land
+            exec_paths: [{path, purpose}],          # installer scratch folders (must allow exec)
+            proc_modules: str,               # text of /proc/modules ('' when unreadable)
+            secure_boot: str | None,         # stdout of `mokutil --sb-state`, None when absent
+            signing_key: bool,               # a module signing key is configured
+            kernel: str, kernel_headers: bool, kernel_headers_package: str,
+            gpus: nvidia_gpu_facts result (count, gpus, models, nvlink_pairs, nvswitch_present) or {},
+            compute_apps: [{pid, process_name, gpu_uuid, used_memory_mib}],
+            driver_change: bool,             # the run would install a different driver
+        }``
+        settings: ``{strict_hardware: bool, skip_checks: [check names], allow_unsupported: bool}``.
+
+    Returns:
+        ``{ok, problems, warnings, overridden}``; each item ``{check, cause, fix}``. Problems
+        that an override turns off move to ``overridden`` (and are shown by the report).
+    """
+    settings = settings or {}
+    problems: list[dict] = []
+    warnings: list[dict] = []
+
+    def add(check: str, cause: str, fix: str, hardware: bool = False) -> None:
+        item = {"check": check, "cause": cause, "fix": fix}
+        (problems if (not hardware or settings.get("strict_hardware")) else warnings).append(item)
+
+    os_facts = facts.get("os") or {}
+    supported = facts.get("supported_os") or {}
+    dist, major = os_facts.get("distribution"), str(os_facts.get("major_version"))
+    if dist not in supported or major not in [str(v) for v in supported[dist]]:
+        names = ", ".join(f"{d} {'/'.join(str(v) for v in vs)}" for d, vs in supported.items())
+        add(
+            "os",
+            f"{dist} {major} is not a supported OS ({names}).",
+            "Use a supported release, or add it to the role's supported list after testing it.",
+        )
+
+    mounts = facts.get("mounts") or []
+    for want in facts.get("space") or []:
+        mount = mount_for(want["path"], mounts)
+        if mount is None:
+            continue
+        free = int(mount.get("size_available") or 0)
+        if free < int(want["need_bytes"]):
+            add(
+                "disk",
+                f"{want['path']} ({want['purpose']}) is on {mount['mount']} with {_mib(free)} free; "
+                f"{_mib(want['need_bytes'])} is needed.",
+                f"Free space on {mount['mount']}, or point the {want['purpose']} folder at a larger disk.",
+            )
+    for want in facts.get("exec_paths") or []:
+        mount = mount_for(want["path"], mounts)
+        if mount and "noexec" in str(mount.get("options", "")).split(","):
+            add(
+                "noexec",
+                f"{want['path']} ({want['purpose']}) is on {mount['mount']}, mounted noexec; "
+                "NVIDIA's installers run programs from it.",
+                f"Point the {want['purpose']} folder at a file system mounted with exec.",
+            )
+
+    if facts.get("manage_kernel"):
+        if re.search(r"^nouveau\s", facts.get("proc_modules") or "", re.M):
+            add(
+                "nouveau",
+                "The nouveau driver is loaded; the NVIDIA kernel module cannot load beside it.",
+                "Let the run blacklist it (nvidia_driver_blacklist_nouveau: true) and reboot, then rerun.",
+            )
+        secure_boot = facts.get("secure_boot") or ""
+        if "SecureBoot enabled" in secure_boot and not facts.get("signing_key"):
+            add(
+                "secure_boot",
+                "Secure Boot is on and no module signing key is configured; the kernel "
+                "will refuse the unsigned NVIDIA module.",
+                "Enrol a Machine Owner Key and configure it for DKMS signing, or turn Secure Boot off.",
+            )
+        if not facts.get("kernel_headers"):
+            add(
+                "kernel_headers",
+                f"No kernel headers for the running kernel {facts.get('kernel')} "
+                "(/lib/modules/<kernel>/build), and none can be installed.",
+                f"Install {facts.get('kernel_headers_package')} or boot a kernel whose headers are available.",
+            )
+
+    apps = facts.get("compute_apps") or []
+    if apps and facts.get("driver_change"):
+        listed = ", ".join(f"{a.get('process_name')} (pid {a.get('pid')})" for a in apps)
+        add(
+            "gpus_busy",
+            f"The driver would change while GPUs run compute processes: {listed}.",
+            "Drain the host (stop those jobs) and rerun.",
+        )
+
+    gpus = facts.get("gpus") or {}
+    records = gpus.get("gpus") or []
+    if len(set(gpus.get("models") or [])) > 1:
+        add(
+            "mixed_models",
+            f"Mixed GPU models: {', '.join(gpus['models'])}; MirroredStrategy runs at the pace of the slowest.",
+            "Group hosts by GPU model or accept the slower replicas.",
+            hardware=True,
+        )
+    if len(records) > 1:
+        narrow = [g for g in records if g.get("pcie_link_width_max") and g["pcie_link_width_max"] < 16]
+        narrow += [
+            g
+            for g in records
+            if g not in narrow
+            and g.get("pcie_link_width_current")
+            and g.get("pcie_link_width_max")
+            and g["pcie_link_width_current"] < g["pcie_link_width_max"]
+        ]
+        if narrow:
+            which = ", ".join(f"GPU {g.get('index')} at x{g.get('pcie_link_width_current')}" for g in narrow)
+            add(
+                "pcie_width",
+                f"PCIe links below x16 on a multi-GPU host: {which}; all-reduce traffic is "
+                "limited by the narrowest link.",
+                "Move the cards to x16 slots or check the riser/BIOS lane settings.",
+                hardware=True,
+            )
+    if len(records) > 2 and not gpus.get("nvlink_pairs") and not gpus.get("nvswitch_present"):
+        add(
+            "nvlink",
+            f"{len(records)} GPUs without NVLink: gradients cross PCIe, scaling beyond 2 GPUs is usually poor.",
+            "Expect lower scaling efficiency, or use NVLink-connected GPUs.",
+            hardware=True,
+        )
+
+    skip = set(settings.get("skip_checks") or [])
+    overridden = [p for p in problems if settings.get("allow_unsupported") or p["check"] in skip]
+    problems = [p for p in problems if p not in overridden]
+    return {"ok": not problems, "problems": problems, "warnings": warnings, "overridden": overridden}
+
+
+def gpu_host_check(facts: dict, settings: dict | None = None) -> dict:
+    """Ansible filter: ``{{ facts | gpu_host_check(settings) }}``."""
+    return check_host(facts, settings)
+
+
+class FilterModule:
+    """Host fitness filters."""
+
+    def filters(self) -> dict[str, Any]:
+        return {"gpu_host_check": gpu_host_check}

@@ -1,0 +1,206 @@
+"""Host fitness decisions of gpu_preflight, on stand-in facts."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "filter_plugins"))
+
+import gpu_host
+
+GIB = 1024**3
+MOUNTS = [
+    {"mount": "/", "options": "rw,relatime", "size_available": 50 * GIB},
+    {"mount": "/var/tmp", "options": "rw,nosuid,nodev,noexec", "size_available": 2 * GIB},
+    {"mount": "/usr/local", "options": "rw", "size_available": 9 * GIB},
+]
+A100 = {"index": 0, "name": "NVIDIA A100-SXM4-80GB", "pcie_link_width_current": 16, "pcie_link_width_max": 16}
+
+
+def facts(**over):
+    base = {
+        "os": {"distribution": "Debian", "major_version": "12", "os_family": "Debian"},
+        "supported_os": {"Debian": ["12"], "Ubuntu": ["22.04", "24.04"]},
+        "manage_kernel": True,
+        "mounts": [{"mount": "/", "options": "rw", "size_available": 50 * GIB}],
+        "space": [{"path": "/var/tmp/cuda-installer", "need_bytes": 6 * GIB, "purpose": "CUDA installer scratch"}],
+        "exec_paths": [{"path": "/var/tmp/cuda-installer", "purpose": "CUDA installer scratch"}],
+        "proc_modules": "ext4 1056768 2 - Live 0x0000000000000000\n",
+        "secure_boot": "SecureBoot disabled\n",
+        "signing_key": False,
+        "kernel": "6.1.0-27-amd64",
+        "kernel_headers": True,
+        "kernel_headers_package": "linux-headers-6.1.0-27-amd64",
+        "gpus": {
+            "count": 2,
+            "gpus": [A100, dict(A100, index=1)],
+            "models": ["NVIDIA A100-SXM4-80GB"],
+            "nvlink_pairs": [{"gpus": [0, 1], "links": 12}],
+            "nvswitch_present": False,
+        },
+        "compute_apps": [],
+        "driver_change": False,
+    }
+    base.update(over)
+    return base
+
+
+def checks(result, kind="problems"):
+    return [p["check"] for p in result[kind]]
+
+
+def test_fit_host_passes_without_warnings():
+    result = gpu_host.check_host(facts())
+    assert result == {"ok": True, "problems": [], "warnings": [], "overridden": []}
+
+
+def test_unsupported_os():
+    result = gpu_host.check_host(facts(os={"distribution": "Debian", "major_version": "11", "os_family": "Debian"}))
+    assert result["problems"] == [
+        {
+            "check": "os",
+            "cause": "Debian 11 is not a supported OS (Debian 12, Ubuntu 22.04/24.04).",
+            "fix": "Use a supported release, or add it to the role's supported list after testing it.",
+        }
+    ]
+
+
+def test_mount_for_picks_longest_mount_point_for_paths_not_created_yet():
+    assert gpu_host.mount_for("/var/tmp/cuda-installer", MOUNTS)["mount"] == "/var/tmp"
+    assert gpu_host.mount_for("/usr/local/cuda-11.8", MOUNTS)["mount"] == "/usr/local"
+    assert gpu_host.mount_for("/opt/tensorflow", MOUNTS)["mount"] == "/"
+    assert gpu_host.mount_for("/var/tmpfoo", MOUNTS)["mount"] == "/"
+
+
+def test_too_little_disk_names_path_mount_free_and_needed():
+    result = gpu_host.check_host(facts(mounts=MOUNTS, exec_paths=[]))
+    assert result["problems"] == [
+        {
+            "check": "disk",
+            "cause": "/var/tmp/cuda-installer (CUDA installer scratch) is on /var/tmp with 2,048 MiB free; 6,144 MiB is needed.",
+            "fix": "Free space on /var/tmp, or point the CUDA installer scratch folder at a larger disk.",
+        }
+    ]
+
+
+def test_noexec_tmpdir():
+    result = gpu_host.check_host(facts(mounts=MOUNTS, space=[]))
+    assert result["problems"] == [
+        {
+            "check": "noexec",
+            "cause": "/var/tmp/cuda-installer (CUDA installer scratch) is on /var/tmp, mounted noexec; NVIDIA's installers "
+            "run programs from it.",
+            "fix": "Point the CUDA installer scratch folder at a file system mounted with exec.",
+        }
+    ]
+
+
+def test_nouveau_loaded():
+    result = gpu_host.check_host(facts(proc_modules="nouveau 2306048 0 - Live 0x0\nttm 98304 1 nouveau, Live 0x0\n"))
+    assert checks(result) == ["nouveau"]
+
+
+def test_nouveau_as_dependency_name_only_is_not_loaded():
+    assert gpu_host.check_host(facts(proc_modules="drm 1 2 nouveau_helper, Live 0x0\n"))["ok"]
+
+
+def test_secure_boot_without_key():
+    result = gpu_host.check_host(facts(secure_boot="SecureBoot enabled\n"))
+    assert checks(result) == ["secure_boot"]
+    assert gpu_host.check_host(facts(secure_boot="SecureBoot enabled\n", signing_key=True))["ok"]
+
+
+def test_missing_kernel_headers():
+    result = gpu_host.check_host(facts(kernel_headers=False))
+    assert result["problems"][0]["fix"] == (
+        "Install linux-headers-6.1.0-27-amd64 or boot a kernel whose headers are available."
+    )
+
+
+def test_kernel_checks_skipped_in_containers():
+    result = gpu_host.check_host(
+        facts(
+            manage_kernel=False,
+            kernel_headers=False,
+            secure_boot="SecureBoot enabled",
+            proc_modules="nouveau 1 0 - Live 0x0\n",
+        )
+    )
+    assert result["ok"]
+
+
+def test_busy_gpus_only_matter_when_the_driver_changes():
+    apps = [{"pid": 4242, "process_name": "python3", "gpu_uuid": "GPU-1", "used_memory_mib": 1000}]
+    assert gpu_host.check_host(facts(compute_apps=apps))["ok"]
+    result = gpu_host.check_host(facts(compute_apps=apps, driver_change=True))
+    assert result["problems"][0]["cause"] == (
+        "The driver would change while GPUs run compute processes: python3 (pid 4242)."
+    )
+
+
+RTX = {"name": "NVIDIA GeForce RTX 3090", "pcie_link_width_max": 16}
+
+
+def rtx_host():
+    cards = [dict(RTX, index=i, pcie_link_width_current=w) for i, w in enumerate([16, 8, 16, 8])]
+    return {
+        "count": 4,
+        "gpus": cards,
+        "models": ["NVIDIA GeForce RTX 3090"],
+        "nvlink_pairs": [],
+        "nvswitch_present": False,
+    }
+
+
+def test_rtx3090_x8_passes_with_warnings():
+    result = gpu_host.check_host(facts(gpus=rtx_host()))
+    assert result["ok"]
+    assert checks(result, "warnings") == ["pcie_width", "nvlink"]
+    assert "GPU 1 at x8, GPU 3 at x8" in result["warnings"][0]["cause"]
+
+
+def test_strict_hardware_turns_warnings_into_problems():
+    result = gpu_host.check_host(facts(gpus=rtx_host()), {"strict_hardware": True})
+    assert checks(result) == ["pcie_width", "nvlink"]
+
+
+def test_mixed_models_warn():
+    gpus = {
+        "count": 2,
+        "gpus": [A100, {"index": 1, "name": "Tesla V100-SXM2-32GB"}],
+        "models": ["NVIDIA A100-SXM4-80GB", "Tesla V100-SXM2-32GB"],
+        "nvlink_pairs": [],
+    }
+    assert checks(gpu_host.check_host(facts(gpus=gpus)), "warnings") == ["mixed_models"]
+
+
+def test_nvswitch_counts_as_nvlink():
+    gpus = {
+        "count": 8,
+        "gpus": [dict(A100, index=i) for i in range(8)],
+        "models": ["H100"],
+        "nvlink_pairs": [],
+        "nvswitch_present": True,
+    }
+    assert gpu_host.check_host(facts(gpus=gpus))["warnings"] == []
+
+
+@pytest.mark.parametrize("settings", [{"allow_unsupported": True}, {"skip_checks": ["noexec"]}])
+def test_overrides_move_problems_aside(settings):
+    result = gpu_host.check_host(facts(mounts=MOUNTS, space=[]), settings)
+    assert result["ok"]
+    assert checks(result, "overridden") == ["noexec"]
+
+
+def test_skip_of_other_check_keeps_problem():
+    result = gpu_host.check_host(facts(mounts=MOUNTS, space=[]), {"skip_checks": ["disk"]})
+    assert checks(result) == ["noexec"]
+
+
+def test_all_problems_together():
+    result = gpu_host.check_host(facts(mounts=MOUNTS, kernel_headers=False, secure_boot="SecureBoot enabled"))
+    assert checks(result) == ["disk", "noexec", "secure_boot", "kernel_headers"]

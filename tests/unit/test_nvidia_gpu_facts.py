@@ -1,0 +1,514 @@
+"""nvidia_gpu_facts: parsers on canned nvidia-smi/lspci output, and the module with a fake command runner."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import ansible.module_utils
+import pytest
+from ansible.module_utils.testing import patch_module_args
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURES = ROOT / "tests" / "fixtures" / "nvidia_smi"
+
+# ansible.cfg's module_utils = ./module_utils, the way the test process sees it.
+if str(ROOT / "module_utils") not in ansible.module_utils.__path__:
+    ansible.module_utils.__path__.append(str(ROOT / "module_utils"))
+
+from ansible.module_utils import nvidia_smi
+
+
+def load_module() -> ModuleType:
+    """Import library/nvidia_gpu_facts.py by path (it is not a package)."""
+    spec = importlib.util.spec_from_file_location("nvidia_gpu_facts", ROOT / "library" / "nvidia_gpu_facts.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["nvidia_gpu_facts"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+facts_module = load_module()
+
+QUERY_ARG = "--query-gpu=" + ",".join(nvidia_smi.QUERY_FIELDS)
+DRIVER_NOT_LOADED = 9
+NO_DEVICES = 6
+
+
+def fixture(case: str, name: str) -> str:
+    return (FIXTURES / case / name).read_text(encoding="utf-8")
+
+
+def canned(case: str) -> dict[str, str]:
+    """The stdout files of one fixture folder, keyed by command."""
+    folder = FIXTURES / case
+    files = {
+        "query": folder / "query-gpu.csv",
+        "topo": folder / "topo-m.txt",
+        "lspci": folder / "lspci-D-nn.txt" if (folder / "lspci-D-nn.txt").exists() else folder / "lspci-nn.txt",
+        "smi-error": folder / "nvidia-smi.txt",
+    }
+    return {key: path.read_text(encoding="utf-8") for key, path in files.items() if path.exists()}
+
+
+class FakeHost:
+    """A Runner and Finder over canned output; records the commands it was asked to run."""
+
+    def __init__(
+        self,
+        tools: dict[str, str | None],
+        outputs: dict[str, tuple[int, str, str]],
+    ) -> None:
+        self.tools = tools  # name -> path, None when missing
+        self.outputs = outputs  # "query" | "topo" | "lspci" -> (rc, stdout, stderr)
+        self.commands: list[list[str]] = []
+
+    def find(self, name: str) -> str | None:
+        return self.tools.get(name)
+
+    def run(self, command: Sequence[str]) -> tuple[int, str, str]:
+        self.commands.append(list(command))
+        if command[1:2] == [QUERY_ARG]:
+            key = "query"
+        elif list(command[1:]) == ["topo", "-m"]:
+            key = "topo"
+        elif list(command[1:]) == ["-D", "-nn"]:
+            key = "lspci"
+        else:
+            raise AssertionError(f"unexpected command {command}")
+        return self.outputs[key]
+
+
+ALL_TOOLS = {"nvidia-smi": "/usr/bin/nvidia-smi", "lspci": "/usr/bin/lspci"}
+
+
+def host_for(case: str, tools: dict[str, str | None] | None = None) -> FakeHost:
+    """A FakeHost that answers every command with the fixture folder's files (exit 0)."""
+    files = canned(case)
+    outputs = {key: (0, files[key], "") for key in ("query", "topo", "lspci") if key in files}
+    return FakeHost(dict(ALL_TOOLS) if tools is None else tools, outputs)
+
+
+# --- normalize_bus_id -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ("00000000:17:00.0", "0000:17:00.0"),
+        ("0000:17:00.0", "0000:17:00.0"),
+        ("17:00.0", "0000:17:00.0"),
+        ("00000000:CA:00.1", "0000:ca:00.1"),
+        (" 0000:0F:00.0 ", "0000:0f:00.0"),
+        ("10000:e1:00.0", "10000:e1:00.0"),
+    ],
+)
+def test_normalize_bus_id(raw: str, expected: str) -> None:
+    assert nvidia_smi.normalize_bus_id(raw) == expected
+
+
+@pytest.mark.parametrize("raw", ["", "GPU0", "17:00", "0000:17:00.8", "zz:00.0"])
+def test_normalize_bus_id_rejects(raw: str) -> None:
+    with pytest.raises(ValueError, match="not a PCI bus id"):
+        nvidia_smi.normalize_bus_id(raw)
+
+
+# --- parse_query_gpu --------------------------------------------------------------------------------
+
+
+def test_query_two_a100_fields_and_units() -> None:
+    gpus = nvidia_smi.parse_query_gpu(fixture("a100x2-nvlink", "query-gpu.csv"))
+    assert len(gpus) == 2
+    assert gpus[0] == {
+        "index": 0,
+        "name": "NVIDIA A100-SXM4-80GB",
+        "uuid": "GPU-89fdc1e1-18b2-f499-c12b-82bcb9bfb3fa",
+        "pci_bus_id": "0000:07:00.0",
+        "memory_total_mib": 81920,
+        "compute_capability": "8.0",
+        "driver_version": "535.104.05",
+        "pcie_link_gen_current": 4,
+        "pcie_link_gen_max": 4,
+        "pcie_link_width_current": 16,
+        "pcie_link_width_max": 16,
+        "persistence_mode": True,
+    }
+    assert gpus[1]["pci_bus_id"] == "0000:0f:00.0"
+
+
+def test_query_eight_h100() -> None:
+    gpus = nvidia_smi.parse_query_gpu(fixture("h100x8-nvswitch", "query-gpu.csv"))
+    assert [gpu["index"] for gpu in gpus] == list(range(8))
+    assert {gpu["name"] for gpu in gpus} == {"NVIDIA H100 80GB HBM3"}
+    assert {gpu["compute_capability"] for gpu in gpus} == {"9.0"}
+    assert {gpu["memory_total_mib"] for gpu in gpus} == {81559}
+    assert {gpu["pcie_link_gen_max"] for gpu in gpus} == {5}
+    assert len({gpu["uuid"] for gpu in gpus}) == 8
+
+
+def test_query_rtx3090_detects_x8_links() -> None:
+    gpus = nvidia_smi.parse_query_gpu(fixture("rtx3090x4-pcie-x8", "query-gpu.csv"))
+    narrowed = [gpu["index"] for gpu in gpus if gpu["pcie_link_width_current"] < gpu["pcie_link_width_max"]]
+    assert narrowed == [1, 3]
+    assert gpus[1]["pcie_link_width_current"] == 8
+    assert gpus[1]["pcie_link_width_max"] == 16
+    assert {gpu["compute_capability"] for gpu in gpus} == {"8.6"}
+    assert {gpu["persistence_mode"] for gpu in gpus} == {False}
+    # Idle GPUs drop to gen 1; the maximum still says gen 4.
+    assert {(gpu["pcie_link_gen_current"], gpu["pcie_link_gen_max"]) for gpu in gpus} == {(1, 4)}
+
+
+def test_query_mixed_models() -> None:
+    gpus = nvidia_smi.parse_query_gpu(fixture("mixed-a100-v100", "query-gpu.csv"))
+    assert {gpu["name"]: gpu["compute_capability"] for gpu in gpus} == {
+        "NVIDIA A100-PCIE-40GB": "8.0",
+        "Tesla V100-PCIE-32GB": "7.0",
+    }
+    assert [gpu["memory_total_mib"] for gpu in gpus] == [40960, 40960, 32768, 32768]
+    assert gpus[3]["pci_bus_id"] == "0000:ca:00.0"
+
+
+def test_query_bracketed_values_become_none() -> None:
+    first, second = nvidia_smi.parse_query_gpu(fixture("na-values", "query-gpu.csv"))
+    assert first["pcie_link_gen_current"] is None
+    assert first["pcie_link_width_max"] is None
+    assert first["persistence_mode"] is None
+    assert first["memory_total_mib"] == 24512
+    assert second["memory_total_mib"] is None
+    assert second["pcie_link_gen_current"] is None  # [Not Supported]
+    assert second["pcie_link_gen_max"] == 4
+    assert second["pcie_link_width_current"] is None  # [Requested functionality has been deprecated]
+    assert second["persistence_mode"] is False
+
+
+def test_query_no_devices_is_empty() -> None:
+    assert nvidia_smi.parse_query_gpu(fixture("no-devices", "nvidia-smi.txt")) == []
+    assert nvidia_smi.parse_query_gpu("") == []
+
+
+def test_query_wrong_field_count_names_the_line() -> None:
+    with pytest.raises(ValueError, match=r"line 1 .* has 3 fields, expected 12"):
+        nvidia_smi.parse_query_gpu("0, NVIDIA A100-SXM4-80GB, GPU-x\n")
+
+
+def test_query_bad_number_names_the_field() -> None:
+    line = fixture("a100x2-nvlink", "query-gpu.csv").splitlines()[0].replace("81920", "80 GiB")
+    with pytest.raises(ValueError, match=r"memory.total is '80 GiB'"):
+        nvidia_smi.parse_query_gpu(line)
+
+
+# --- parse_topo_matrix, nvlink_pairs, nvswitch_in_topology ------------------------------------------
+
+
+def test_topo_two_a100_nvlink() -> None:
+    topology = nvidia_smi.parse_topo_matrix(fixture("a100x2-nvlink", "topo-m.txt"))
+    assert topology == {"GPU0": {"GPU0": "X", "GPU1": "NV12"}, "GPU1": {"GPU0": "NV12", "GPU1": "X"}}
+    assert nvidia_smi.nvlink_pairs(topology) == [{"gpus": [0, 1], "links": 12}]
+    assert nvidia_smi.nvswitch_in_topology(topology) is False
+
+
+def test_topo_h100_nvswitch_with_nics() -> None:
+    topology = nvidia_smi.parse_topo_matrix(fixture("h100x8-nvswitch", "topo-m.txt"))
+    assert sorted(topology) == [f"GPU{i}" for i in range(8)] + [f"NIC{i}" for i in range(4)]
+    assert topology["GPU0"]["NIC0"] == "PIX"
+    assert topology["NIC3"]["GPU7"] == "PIX"
+    assert "CPU Affinity" not in topology["GPU0"]
+    pairs = nvidia_smi.nvlink_pairs(topology)
+    assert len(pairs) == 28  # 8 choose 2
+    assert {pair["links"] for pair in pairs} == {18}
+    assert pairs[0] == {"gpus": [0, 1], "links": 18}
+    assert nvidia_smi.nvswitch_in_topology(topology) is True
+
+
+def test_topo_rtx3090_pcie_only_with_terminal_codes() -> None:
+    text = fixture("rtx3090x4-pcie-x8", "topo-m.txt")
+    assert "\x1b[4m" in text
+    topology = nvidia_smi.parse_topo_matrix(text)
+    assert sorted(topology) == ["GPU0", "GPU1", "GPU2", "GPU3"]
+    assert topology["GPU0"]["GPU1"] == "NODE"
+    assert topology["GPU2"]["GPU3"] == "PHB"
+    assert topology["GPU0"]["GPU3"] == "SYS"
+    assert nvidia_smi.nvlink_pairs(topology) == []
+    assert nvidia_smi.nvswitch_in_topology(topology) is False
+
+
+def test_topo_mixed_partial_nvlink() -> None:
+    topology = nvidia_smi.parse_topo_matrix(fixture("mixed-a100-v100", "topo-m.txt"))
+    assert nvidia_smi.nvlink_pairs(topology) == [{"gpus": [0, 1], "links": 12}]
+    assert nvidia_smi.nvswitch_in_topology(topology) is False
+
+
+def test_topo_single_gpu() -> None:
+    topology = nvidia_smi.parse_topo_matrix(fixture("a100x2-one-missing", "topo-m.txt"))
+    assert topology == {"GPU0": {"GPU0": "X"}}
+    assert nvidia_smi.nvlink_pairs(topology) == []
+
+
+def test_topo_with_spaces_instead_of_tabs() -> None:
+    text = (
+        "        GPU0    GPU1    CPU Affinity    NUMA Affinity   GPU NUMA ID\n"
+        "GPU0     X      NV12    0-31,64-95      0               N/A\n"
+        "GPU1    NV12     X      32-63,96-127    1               N/A\n"
+    )
+    assert nvidia_smi.nvlink_pairs(nvidia_smi.parse_topo_matrix(text)) == [{"gpus": [0, 1], "links": 12}]
+
+
+def test_topo_four_gpu_direct_mesh_is_not_nvswitch() -> None:
+    # HGX A100 4-GPU (Redstone): NV4 between every pair, 3 x 4 = 12 links per GPU, no switch.
+    gpus = [f"GPU{i}" for i in range(4)]
+    topology = {a: {b: "X" if a == b else "NV4" for b in gpus} for a in gpus}
+    assert len(nvidia_smi.nvlink_pairs(topology)) == 6
+    assert nvidia_smi.nvswitch_in_topology(topology) is False
+
+
+def test_topo_unparsable() -> None:
+    assert nvidia_smi.parse_topo_matrix("") == {}
+    with pytest.raises(ValueError, match="no header line with GPU0"):
+        nvidia_smi.parse_topo_matrix("Failed to initialize NVML: Unknown Error\n")
+    with pytest.raises(ValueError, match=r"row GPU1 .* has 1 cells, expected 2"):
+        nvidia_smi.parse_topo_matrix("\tGPU0\tGPU1\nGPU0\t X \tNV12\nGPU1\tNV12\n")
+
+
+# --- parse_lspci ----------------------------------------------------------------------------------
+
+
+def test_lspci_skips_audio_foreign_vga_and_bridges() -> None:
+    gpus = nvidia_smi.parse_lspci(fixture("a100x2-one-missing", "lspci-nn.txt"))
+    assert gpus == [
+        {
+            "pci_bus_id": "0000:07:00.0",
+            "description": "NVIDIA Corporation GA100 [A100 SXM4 80GB]",
+            "device_id": "10de:20b2",
+        },
+        {
+            "pci_bus_id": "0000:0f:00.0",
+            "description": "NVIDIA Corporation GA100 [A100 SXM4 80GB]",
+            "device_id": "10de:20b2",
+        },
+    ]
+
+
+def test_lspci_vga_class_counts_and_audio_does_not() -> None:
+    gpus = nvidia_smi.parse_lspci(fixture("rtx3090x4-pcie-x8", "lspci-nn.txt"))
+    assert [gpu["pci_bus_id"] for gpu in gpus] == ["0000:01:00.0", "0000:21:00.0", "0000:41:00.0", "0000:61:00.0"]
+    assert {gpu["description"] for gpu in gpus} == {"NVIDIA Corporation GA102 [GeForce RTX 3090]"}
+
+
+def test_lspci_nvswitch_bridges() -> None:
+    text = fixture("h100x8-nvswitch", "lspci-D-nn.txt")
+    assert len(nvidia_smi.parse_lspci(text)) == 8
+    assert nvidia_smi.parse_lspci_nvswitches(text) == ["0000:05:00.0", "0000:06:00.0", "0000:07:00.0", "0000:08:00.0"]
+    assert nvidia_smi.parse_lspci_nvswitches(fixture("a100x2-nvlink", "lspci-D-nn.txt")) == []
+
+
+def test_lspci_ignores_other_formats() -> None:
+    # `lspci -n` (numbers only) and verbose lines are not the -nn format; nothing is guessed from them.
+    assert nvidia_smi.parse_lspci("0000:17:00.0 0302: 10de:20b5 (rev a1)\n\tSubsystem: NVIDIA Corporation\n") == []
+
+
+def test_proc_driver_version() -> None:
+    proprietary = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  515.76  Mon Sep 12 19:21:56 UTC 2022\n"
+    open_module = "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  575.57.08  Release Build  (dvs-builder@x)\n"
+    assert nvidia_smi.parse_proc_driver_version(proprietary) == "515.76"
+    assert nvidia_smi.parse_proc_driver_version(open_module) == "575.57.08"
+    assert nvidia_smi.parse_proc_driver_version("") is None
+
+
+# --- the module, with a fake runner -----------------------------------------------------------------
+
+
+def test_gather_h100_nvswitch_host() -> None:
+    host = host_for("h100x8-nvswitch")
+    facts = facts_module.gather_gpu_facts(host.run, host.find)
+    assert facts["source"] == "nvidia-smi"
+    assert facts["driver_loaded"] is True
+    assert facts["driver_version"] == "550.54.15"
+    assert facts["count"] == 8
+    assert facts["pci_count"] == 8
+    assert facts["pci_nvswitch_count"] == 4
+    assert facts["missing_from_nvidia_smi"] == []
+    assert facts["nvswitch_present"] is True
+    assert len(facts["nvlink_pairs"]) == 28
+    assert facts["models"] == ["NVIDIA H100 80GB HBM3"]
+    assert facts["errors"] == []
+    assert [command[1:] for command in host.commands] == [
+        [QUERY_ARG, "--format=csv,noheader,nounits"],
+        ["topo", "-m"],
+        ["-D", "-nn"],
+    ]
+
+
+def test_gather_nvswitch_from_lspci_alone() -> None:
+    host = host_for("h100x8-nvswitch")
+    host.outputs["topo"] = (3, "", "topology is not supported in this VM")
+    facts = facts_module.gather_gpu_facts(host.run, host.find)
+    assert facts["topology"] == {}
+    assert facts["nvswitch_present"] is True
+    assert facts["errors"] == [
+        "/usr/bin/nvidia-smi topo -m exited 3: topology is not supported in this VM. NVLink pairs and NVSwitch are unknown."
+    ]
+
+
+def test_gather_gpu_missing_from_nvidia_smi() -> None:
+    host = host_for("a100x2-one-missing")
+    facts = facts_module.gather_gpu_facts(host.run, host.find)
+    assert facts["source"] == "nvidia-smi"
+    assert facts["count"] == 1
+    assert facts["pci_count"] == 2
+    assert facts["missing_from_nvidia_smi"] == ["0000:0f:00.0"]
+    assert facts["nvswitch_present"] is False
+
+
+def test_gather_no_driver_falls_back_to_lspci() -> None:
+    files = canned("no-driver")
+    host = FakeHost(
+        dict(ALL_TOOLS),
+        {"query": (DRIVER_NOT_LOADED, files["smi-error"], ""), "lspci": (0, files["lspci"], "")},
+    )
+    facts = facts_module.gather_gpu_facts(host.run, host.find)
+    assert facts["source"] == "lspci"
+    assert facts["driver_loaded"] is False
+    assert facts["driver_version"] is None
+    assert facts["count"] == 0
+    assert facts["gpus"] == []
+    assert facts["pci_count"] == 2
+    assert facts["models"] == ["NVIDIA Corporation GA102 [GeForce RTX 3090]"]
+    assert facts["missing_from_nvidia_smi"] == []
+    assert facts["topology"] == {}
+    (error,) = facts["errors"]
+    assert error.startswith("/usr/bin/nvidia-smi --query-gpu exited 9: NVIDIA-SMI has failed because it couldn't")
+    assert "modprobe nvidia" in error
+    # topo -m is not tried once the query failed.
+    assert [command[1] for command in host.commands] == [QUERY_ARG, "-D"]
+
+
+def test_gather_no_devices_means_driver_loaded() -> None:
+    files = canned("no-devices")
+    host = FakeHost(
+        dict(ALL_TOOLS),
+        {"query": (NO_DEVICES, files["smi-error"], ""), "lspci": (0, "", "")},
+    )
+    facts = facts_module.gather_gpu_facts(host.run, host.find)
+    assert facts["driver_loaded"] is True
+    assert facts["source"] == "lspci"
+    assert facts["pci_count"] == 0
+    assert facts["errors"][0].startswith("/usr/bin/nvidia-smi --query-gpu exited 6: No devices were found.")
+
+
+def test_gather_nvidia_smi_missing_lspci_present() -> None:
+    host = host_for("no-driver", tools={"nvidia-smi": None, "lspci": "/usr/sbin/lspci"})
+    facts = facts_module.gather_gpu_facts(host.run, host.find)
+    assert facts["source"] == "lspci"
+    assert facts["pci_count"] == 2
+    assert facts["errors"] == [
+        "nvidia-smi was not found (not on PATH nor an executable file): the NVIDIA driver is not installed, "
+        "or set nvidia_smi_path to where it is."
+    ]
+    assert host.commands == [["/usr/sbin/lspci", "-D", "-nn"]]
+
+
+def test_gather_nothing_available() -> None:
+    host = FakeHost({}, {})
+    facts = facts_module.gather_gpu_facts(host.run, host.find, proc_driver_version=None)
+    assert facts == {
+        "source": "none",
+        "driver_loaded": False,
+        "driver_version": None,
+        "count": 0,
+        "gpus": [],
+        "models": [],
+        "pci_gpus": [],
+        "pci_count": None,
+        "pci_nvswitch_count": None,
+        "missing_from_nvidia_smi": [],
+        "topology": {},
+        "nvlink_pairs": [],
+        "nvswitch_present": False,
+        "errors": [
+            "nvidia-smi was not found (not on PATH nor an executable file): the NVIDIA driver is not installed, "
+            "or set nvidia_smi_path to where it is.",
+            "lspci was not found: install pciutils to list GPUs without the driver, or set lspci_path to where it is.",
+        ],
+    }
+    assert host.commands == []
+
+
+def test_gather_driver_version_from_proc_when_smi_fails() -> None:
+    host = FakeHost({"nvidia-smi": "/usr/bin/nvidia-smi"}, {"query": (15, "Unable to determine the device handle", "")})
+    proc = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.104.05  Thu Aug 10 2023\n"
+    facts = facts_module.gather_gpu_facts(host.run, host.find, proc_driver_version=proc)
+    assert facts["driver_loaded"] is True
+    assert facts["driver_version"] == "535.104.05"
+    assert "fallen off the bus" in facts["errors"][0]
+
+
+def test_gather_unparsable_output_raises_with_command() -> None:
+    host = host_for("a100x2-nvlink")
+    host.outputs["query"] = (0, "this is not csv, at all\n", "")
+    with pytest.raises(facts_module.OutputFormatError, match=r"could not read the output of `/usr/bin/nvidia-smi"):
+        facts_module.gather_gpu_facts(host.run, host.find)
+
+
+# --- main(): argument handling, the real runner wrapper, exit_json ---------------------------------
+
+
+def run_main(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], args: dict[str, Any], host: FakeHost):
+    """Run main() with run_command/get_bin_path patched; return the JSON the module printed."""
+
+    def fake_run_command(self: Any, argv: list[str], **kwargs: Any) -> tuple[int, str, str]:
+        assert kwargs.get("environ_update") == {"LC_ALL": "C"}
+        if argv[0] == "timeout":
+            assert argv[1:4] == ["-k", "5", str(args.get("timeout", 30))]
+            argv = argv[4:]
+        return host.run(argv)
+
+    monkeypatch.setattr(facts_module.AnsibleModule, "run_command", fake_run_command)
+    monkeypatch.setattr(facts_module.AnsibleModule, "get_bin_path", lambda self, name, *a, **k: host.find(name))
+    monkeypatch.setattr(facts_module, "PROC_DRIVER_VERSION", "/nonexistent/proc/driver/nvidia/version")
+    with patch_module_args(args), pytest.raises(SystemExit):
+        facts_module.main()
+    return json.loads(capsys.readouterr().out)
+
+
+def test_main_reports_facts_and_never_changes(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    host = host_for("rtx3090x4-pcie-x8", tools={**ALL_TOOLS, "timeout": "timeout"})
+    result = run_main(monkeypatch, capsys, {"timeout": 10, "_ansible_check_mode": True}, host)
+    assert result["changed"] is False
+    assert "failed" not in result
+    facts = result["ansible_facts"]["gpu_facts"]
+    assert facts["count"] == 4
+    assert [gpu["pcie_link_width_current"] for gpu in facts["gpus"]] == [16, 8, 16, 8]
+    assert facts["missing_from_nvidia_smi"] == []
+
+
+def test_main_timeout_is_reported(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    host = host_for("no-driver", tools={**ALL_TOOLS, "timeout": "timeout"})
+    host.outputs["query"] = (124, "", "")
+    facts = run_main(monkeypatch, capsys, {}, host)["ansible_facts"]["gpu_facts"]
+    assert facts["source"] == "lspci"
+    assert facts["errors"][0].startswith("/usr/bin/nvidia-smi --query-gpu exited 124: timed out after 30 s")
+
+
+def test_main_fails_clearly_on_unparsable_output(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    host = host_for("a100x2-nvlink")
+    host.outputs["topo"] = (0, "something new\n", "")
+    result = run_main(monkeypatch, capsys, {}, host)
+    assert result["failed"] is True
+    assert "could not read the output of `/usr/bin/nvidia-smi topo -m`" in result["msg"]
+    assert result["output"] == "something new\n"
+
+
+def test_main_rejects_zero_timeout(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    result = run_main(monkeypatch, capsys, {"timeout": 0}, FakeHost({}, {}))
+    assert result["failed"] is True
+    assert result["msg"] == "timeout must be at least 1 second, got 0."
