@@ -3,7 +3,8 @@
 Pure functions: the role gathers the raw facts (mounts, /proc/modules, ``mokutil --sb-state``,
 kernel headers, nvidia_gpu_facts, compute processes) and this module turns them into problems
 (the host stops) and warnings (the run goes on), each with a cause and a fix. Exposed to Ansible
-as the filter ``gpu_host_check``; plain functions for unit tests.
+as the filters ``gpu_host_check``, ``gpu_space_needs``, ``gpu_compute_apps`` and
+``gpu_findmnt_mounts``; plain functions for unit tests.
 
 Sources: the CUDA Installation Guide for Linux (nouveau must be disabled; ``--tmpdir`` "when /tmp
 is full or mounted noexec"; the kernel headers of the running kernel are needed to build the
@@ -35,6 +36,15 @@ def mount_for(path: str, mounts: list[dict]) -> dict | None:
     return best
 
 
+def findmnt_mounts(data: dict) -> list[dict]:
+    """``findmnt --json --bytes --list --output TARGET,OPTIONS,AVAIL`` -> mounts in the shape of
+    ``ansible_facts['mounts']`` (``{mount, options, size_available}``), tmpfs and overlay included."""
+    return [
+        {"mount": fs.get("target"), "options": fs.get("options") or "", "size_available": int(fs.get("avail") or 0)}
+        for fs in (data or {}).get("filesystems", [])
+    ]
+
+
 def _mib(value: float) -> str:
     return f"{value / MIB:,.0f} MiB"
 
@@ -44,10 +54,10 @@ def check_host(facts: dict, settings: dict | None = None) -> dict:
 
     Args:
         facts: ``{
-            os: {distribution, major_version, os_family},
-            supported_os: {distribution: [major versions]},
+            os: {distribution, major_version, version},
+            supported_os: {distribution: [major versions or full versions such as '22.04']},
             manage_kernel: bool,            # the driver role builds kernel modules here
-            mounts: ansible_facts['mounts'],
+            mounts: [{mount, options, size_available}] (findmnt_mounts),
             space: [{path, need_bytes, purpose}],   # free space wanted where things land
             exec_paths: [{path, purpose}],          # installer scratch folders (must allow exec)
             proc_modules: str,               # text of /proc/modules ('' when unreadable)
@@ -75,7 +85,8 @@ def check_host(facts: dict, settings: dict | None = None) -> dict:
     os_facts = facts.get("os") or {}
     supported = facts.get("supported_os") or {}
     dist, major = os_facts.get("distribution"), str(os_facts.get("major_version"))
-    if dist not in supported or major not in [str(v) for v in supported[dist]]:
+    known = [str(v) for v in supported.get(dist, [])]
+    if major not in known and str(os_facts.get("version")) not in known:
         names = ", ".join(f"{d} {'/'.join(str(v) for v in vs)}" for d, vs in supported.items())
         add(
             "os",
@@ -180,6 +191,90 @@ def check_host(facts: dict, settings: dict | None = None) -> dict:
     return {"ok": not problems, "problems": problems, "warnings": warnings, "overridden": overridden}
 
 
+# Sizes used when the manifest does not know them (bytes). NVIDIA publishes no sizes; third parties
+# report CUDA 12.x runfiles of 4-5.5 GB and an installed 12.8 toolkit of about 8.7 GB (reference 3.3).
+DEFAULT_RUNFILE_BYTES = 5 * 1024**3
+DEFAULT_TOOLKIT_INSTALLED_BYTES = 10 * 1024**3
+INSTALLED_PER_DOWNLOADED = 2.5  # installed toolkit / runfile, from the figures above
+# A TensorFlow venv: about 1.6 GB for tensorflow-cpu 2.21 (measured), more with CUDA wheels.
+VENV_BYTES = 4 * 1024**3
+
+
+def space_needs(stacks: list[dict], driver: dict | None, present: dict, paths: dict, floor_mib: int = 0) -> list:
+    """Free space wanted on the host for what this run will install.
+
+    Args:
+        stacks: resolved stacks (gpu_stacks_resolve).
+        driver: resolved driver (``{version, runfile}``) or None when the driver is not installed by us.
+        present: ``{cuda_roots: [existing toolkit roots], venvs: [existing venvs], driver_installed: bool}``;
+            what exists already needs no space.
+        paths: ``{cache_dir, cuda_tmpdir, driver_tmpdir}``.
+        floor_mib: every location needs at least this much (MiB); a threshold for cautious sites.
+
+    Returns:
+        ``[{path, need_bytes, purpose}]`` for :func:`check_host` (``facts['space']``).
+    """
+    cuda_todo = {
+        s["cuda_toolkit"]["root"]: s
+        for s in stacks
+        if s.get("cuda_toolkit") and s["cuda_toolkit"]["root"] not in present.get("cuda_roots", [])
+    }
+    files = [s["cuda_toolkit"]["runfile"] for s in cuda_todo.values()]
+    files += [s["cudnn"]["archive"] for s in cuda_todo.values() if s.get("cudnn")]
+    driver_todo = driver is not None and not present.get("driver_installed")
+    if driver_todo:
+        files.append(driver["runfile"])
+
+    def size(record: dict) -> int:
+        return int(record.get("size_bytes") or DEFAULT_RUNFILE_BYTES)
+
+    needs = []
+    if files:
+        needs.append(
+            {"path": paths["cache_dir"], "need_bytes": sum(size(f) for f in files), "purpose": "artifact cache"}
+        )
+    if cuda_todo:
+        runfiles = [s["cuda_toolkit"]["runfile"] for s in cuda_todo.values()]
+        needs.append(
+            {
+                "path": paths["cuda_tmpdir"],
+                "need_bytes": max(size(r) for r in runfiles),
+                "purpose": "CUDA installer scratch",
+            }
+        )
+        installed = sum(
+            int(r["size_bytes"] * INSTALLED_PER_DOWNLOADED) if r.get("size_bytes") else DEFAULT_TOOLKIT_INSTALLED_BYTES
+            for r in runfiles
+        )
+        needs.append({"path": next(iter(cuda_todo)), "need_bytes": installed, "purpose": "CUDA toolkits"})
+    if driver_todo:
+        needs.append(
+            {
+                "path": paths["driver_tmpdir"],
+                "need_bytes": size(driver["runfile"]),
+                "purpose": "driver installer scratch",
+            }
+        )
+    venvs = [s["venv"] for s in stacks if s["venv"] not in present.get("venvs", [])]
+    if venvs:
+        needs.append({"path": venvs[0], "need_bytes": VENV_BYTES * len(venvs), "purpose": "TensorFlow venvs"})
+    floor = int(floor_mib) * MIB
+    return [dict(n, need_bytes=max(n["need_bytes"], floor)) for n in needs]
+
+
+def compute_apps(lines: list[str]) -> list[dict]:
+    """Rows of ``nvidia-smi --query-compute-apps=pid,process_name,gpu_uuid,used_memory
+    --format=csv,noheader,nounits`` -> ``[{pid, process_name, gpu_uuid, used_memory_mib}]``."""
+    apps = []
+    for line in lines:
+        cells = [c.strip() for c in line.split(",")]
+        if len(cells) != 4 or not cells[0].isdigit():
+            continue
+        memory = int(cells[3]) if cells[3].isdigit() else None
+        apps.append({"pid": int(cells[0]), "process_name": cells[1], "gpu_uuid": cells[2], "used_memory_mib": memory})
+    return apps
+
+
 def gpu_host_check(facts: dict, settings: dict | None = None) -> dict:
     """Ansible filter: ``{{ facts | gpu_host_check(settings) }}``."""
     return check_host(facts, settings)
@@ -189,4 +284,9 @@ class FilterModule:
     """Host fitness filters."""
 
     def filters(self) -> dict[str, Any]:
-        return {"gpu_host_check": gpu_host_check}
+        return {
+            "gpu_host_check": gpu_host_check,
+            "gpu_space_needs": space_needs,
+            "gpu_compute_apps": compute_apps,
+            "gpu_findmnt_mounts": findmnt_mounts,
+        }

@@ -118,7 +118,7 @@ def resolve_stack(pin: dict, matrix: dict, manifest: dict, host: dict) -> dict:
         matrix: the parsed ``data/version_matrix.yml``.
         manifest: ``{file name: entry}`` from the merged artifact manifests.
         host: ``{python_version: 'X.Y.Z' (of pin['python'] on the host), driver_version: the driver
-            the host will run (pinned), gpus?: [{index, name, compute_cap: 'X.Y'}]}``.
+            the host will run, gpus?: [{index, name, compute_capability: 'X.Y'}] (nvidia_gpu_facts)}``.
 
     Returns:
         ``{ok: bool, stack: dict | None, problems: [{stack, check, cause, fix}], warnings: [...]}``.
@@ -288,7 +288,7 @@ def resolve_stack(pin: dict, matrix: dict, manifest: dict, host: dict) -> dict:
     # GPUs: the wheel must carry code for the oldest GPU on the host.
     floor = _v(tf_row["min_compute_capability"])
     for gpu in host.get("gpus") or []:
-        cap = gpu.get("compute_cap")
+        cap = gpu.get("compute_capability")
         if cap and _v(cap) < floor:
             problem(
                 "compute_capability",

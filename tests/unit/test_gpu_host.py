@@ -204,3 +204,69 @@ def test_skip_of_other_check_keeps_problem():
 def test_all_problems_together():
     result = gpu_host.check_host(facts(mounts=MOUNTS, kernel_headers=False, secure_boot="SecureBoot enabled"))
     assert checks(result) == ["disk", "noexec", "secure_boot", "kernel_headers"]
+
+
+STACK = {
+    "venv": "/opt/tensorflow/2.12",
+    "cuda_toolkit": {"root": "/usr/local/cuda-11.8", "runfile": {"file": "cuda.run", "size_bytes": 4 * GIB}},
+    "cudnn": {"archive": {"file": "cudnn.tar.xz", "size_bytes": None}},
+}
+DRIVER = {"version": "520.61.05", "runfile": {"file": "NVIDIA.run", "size_bytes": 300 * 1024 * 1024}}
+PATHS = {"cache_dir": "/var/cache/gpu-artifacts", "cuda_tmpdir": "/var/tmp/cuda", "driver_tmpdir": "/var/tmp/drv"}
+
+
+def test_space_needs_for_a_bare_host():
+    needs = gpu_host.space_needs([STACK], DRIVER, {}, PATHS)
+    assert needs == [
+        {
+            "path": "/var/cache/gpu-artifacts",
+            "need_bytes": 4 * GIB + gpu_host.DEFAULT_RUNFILE_BYTES + 300 * 1024 * 1024,
+            "purpose": "artifact cache",
+        },
+        {"path": "/var/tmp/cuda", "need_bytes": 4 * GIB, "purpose": "CUDA installer scratch"},
+        {"path": "/usr/local/cuda-11.8", "need_bytes": 10 * GIB, "purpose": "CUDA toolkits"},
+        {"path": "/var/tmp/drv", "need_bytes": 300 * 1024 * 1024, "purpose": "driver installer scratch"},
+        {"path": "/opt/tensorflow/2.12", "need_bytes": gpu_host.VENV_BYTES, "purpose": "TensorFlow venvs"},
+    ]
+
+
+def test_space_needs_nothing_on_a_provisioned_host():
+    present = {"cuda_roots": ["/usr/local/cuda-11.8"], "venvs": ["/opt/tensorflow/2.12"], "driver_installed": True}
+    assert gpu_host.space_needs([STACK], DRIVER, present, PATHS) == []
+
+
+def test_space_floor_threshold_applies_to_every_location():
+    needs = gpu_host.space_needs([STACK], None, {"cuda_roots": ["/usr/local/cuda-11.8"]}, PATHS, floor_mib=10**7)
+    assert needs == [{"path": "/opt/tensorflow/2.12", "need_bytes": 10**7 * 1024 * 1024, "purpose": "TensorFlow venvs"}]
+
+
+def test_compute_apps_parses_nvidia_smi_rows():
+    lines = ["4242, python3, GPU-3f1c2a7e-5b9d-4c11-8e2a-9d0b7c6e4a21, 30512", "", "No running processes found"]
+    assert gpu_host.compute_apps(lines) == [
+        {
+            "pid": 4242,
+            "process_name": "python3",
+            "gpu_uuid": "GPU-3f1c2a7e-5b9d-4c11-8e2a-9d0b7c6e4a21",
+            "used_memory_mib": 30512,
+        }
+    ]
+
+
+def test_findmnt_mounts_keeps_tmpfs_and_overlay():
+    data = {
+        "filesystems": [
+            {"target": "/", "options": "rw,relatime,lowerdir=/x", "avail": 79827042304},
+            {
+                "target": "/var/tmp/cuda-installer",
+                "options": "rw,nosuid,noexec,relatime,size=65536k",
+                "avail": 67108864,
+            },
+        ]
+    }
+    mounts = gpu_host.findmnt_mounts(data)
+    assert gpu_host.mount_for("/var/tmp/cuda-installer", mounts) == {
+        "mount": "/var/tmp/cuda-installer",
+        "options": "rw,nosuid,noexec,relatime,size=65536k",
+        "size_available": 67108864,
+    }
+    assert gpu_host.mount_for("/opt/tensorflow/2.12", mounts)["size_available"] == 79827042304

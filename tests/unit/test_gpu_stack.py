@@ -343,7 +343,7 @@ def test_compute_capability_below_wheel_floor():
             **CUDA_123,
             **{"NVIDIA-Linux-x86_64-545.23.08.run": {"component": "nvidia_driver", "version": "545.23.08"}},
         ),
-        gpus=[{"index": 0, "name": "NVIDIA GeForce GTX 980", "compute_cap": "5.2"}],
+        gpus=[{"index": 0, "name": "NVIDIA GeForce GTX 980", "compute_capability": "5.2"}],
     )
     assert result["messages"] == [
         "tf2.17: GPU 0 (NVIDIA GeForce GTX 980) has compute capability 5.2; the TensorFlow 2.17 wheel needs >= 6.0. "

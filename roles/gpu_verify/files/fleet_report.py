@@ -141,6 +141,11 @@ def build_row(host: str, doc: Any) -> dict[str, Any]:
         "problems": ("TIMED OUT " if _get(doc, "fit", "timed_out") else "") + problems_cell,
         "_problems": problems,
         "_mode_note": _get(doc, "mode_note"),
+        "_overridden": [
+            f"preflight check {p.get('check')} overridden: {p.get('cause')}"
+            for p in (_get(doc, "preflight_overridden") or [])
+            if isinstance(p, dict)
+        ],
         "_unreachable": bool(_get(doc, "unreachable")),
     }
 
@@ -160,7 +165,8 @@ def build_report(results: dict[str, Any], run_id: str | None, now: datetime.date
             "unreachable": any(r["_unreachable"] for r in rows),
             "rows": [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows],
             "problems": [dict(p, stack=r["host"]) for r in rows for p in r["_problems"]],
-            "mode_notes": sorted({r["_mode_note"] for r in rows if r["_mode_note"]}),
+            "mode_notes": sorted({r["_mode_note"] for r in rows if r["_mode_note"]})
+            + sorted({note for r in rows for note in r["_overridden"]}),
             "results": docs,
         }
     passed = sum(1 for h in hosts.values() if h["status"] == "PASS")

@@ -41,7 +41,7 @@ def gpu_verify_result(run: dict) -> dict:
 
 
 def gpu_verify_collect(all_hosts: list[str], hostvars: Any, alive_hosts: list[str]) -> dict:
-    """Gather ``__gpu_verify_results`` of every host.
+    """Gather ``__gpu_verify_results`` of every host, with the preflight checks it overrode.
 
     Args:
         all_hosts: ``ansible_play_hosts_all`` (every host the play started with).
@@ -49,14 +49,14 @@ def gpu_verify_collect(all_hosts: list[str], hostvars: Any, alive_hosts: list[st
         alive_hosts: ``ansible_play_hosts`` (hosts that have not failed).
 
     Returns:
-        ``{name: document}``; ``name`` is the host, or ``host:stack`` for hosts with several stacks.
+        ``{host: [document per stack]}``, the input of fleet_report.py; each document carries
+        ``preflight_overridden`` (gpu_preflight problems turned off by an override).
     """
     report: dict[str, dict] = {}
     for host in all_hosts:
-        try:
-            results = hostvars[host]["__gpu_verify_results"]
-        except KeyError:
-            results = None
+        facts = hostvars[host]
+        results = facts.get("__gpu_verify_results")
+        overridden = facts.get("gpu_preflight_overridden") or []
         if not results:
             report[host] = _failed(
                 "The host failed or was unreachable before verification ran.",
@@ -64,11 +64,7 @@ def gpu_verify_collect(all_hosts: list[str], hostvars: Any, alive_hosts: list[st
                 unreachable=host not in alive_hosts,
             )
             continue
-        if len(results) == 1:
-            report[host] = next(iter(results.values()))
-        else:
-            for stack, doc in results.items():
-                report[f"{host}:{stack}"] = doc
+        report[host] = [dict(doc, preflight_overridden=overridden) for doc in results.values()]
     return report
 
 
