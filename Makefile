@@ -1,5 +1,6 @@
 # make demo   - the main job end to end on the built-in sandbox host
-# make test   - lint, unit tests, Molecule (check -> converge -> idempotence -> verify), bad inputs
+# make test   - lint, unit tests, Molecule default (check -> converge -> idempotence -> verify) and
+#               preflight scenarios, bad-input runs
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 VENV := .venv
@@ -56,7 +57,8 @@ unit: venv standins
 	$(BIN)/pytest -q $(PYTEST_UNIT)
 
 molecule: venv standins image
-	cd $(CURDIR) && $(BIN)/molecule test -s default
+	$(BIN)/molecule test -s default
+	$(BIN)/molecule test -s preflight
 
 integration: venv standins image
 	$(BIN)/pytest -q tests/integration

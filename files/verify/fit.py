@@ -34,7 +34,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from verify_common import EXIT_CHECK_FAILED, EXIT_OK, Problem, dumps, problem
+from verify_common import EXIT_CHECK_FAILED, EXIT_OK, Problem, dumps, non_negative_int, positive_int, problem
 
 NCCL_HANG_FIX = (
     "check the GPU interconnect with `nvidia-smi topo -m` and `nvidia-smi topo -p2p r`; on PCIe "
@@ -341,22 +341,6 @@ def _scalar_loss(value: Any) -> float:
     if isinstance(value, (list, tuple)):
         value = value[0]
     return float(value)
-
-
-def positive_int(text: str) -> int:
-    """argparse type: an integer >= 1."""
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def non_negative_int(text: str) -> int:
-    """argparse type: an integer >= 0."""
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -37,7 +37,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from verify_common import EXIT_CHECK_FAILED, EXIT_OK, Problem, dumps, problem, tail
+from verify_common import EXIT_CHECK_FAILED, EXIT_OK, Problem, dumps, non_negative_int, problem, tail
 
 QUERY_FIELDS = ("index", "name", "uuid", "pci.bus_id", "memory.total", "driver_version")
 
@@ -342,14 +342,6 @@ def check_gpus(
     """
     result = run_command(build_command(nvidia_smi), timeout)
     return evaluate(expected, result, nvidia_smi, lspci_bus_ids(lspci, timeout))
-
-
-def non_negative_int(text: str) -> int:
-    """argparse type: an integer >= 0."""
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -54,6 +54,8 @@ from verify_common import (
     EXIT_OK,
     Problem,
     dumps,
+    non_negative_int,
+    positive_float,
     problem,
     tail,
     write_json_atomic,
@@ -412,14 +414,6 @@ def format_table(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def positive_float(text: str) -> float:
-    """argparse type: a number > 0."""
-    value = float(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The command-line interface."""
     parser = argparse.ArgumentParser(
@@ -429,7 +423,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--expected-gpus",
-        type=gpu_count.non_negative_int,
+        type=non_negative_int,
         required=True,
         help="GPUs the inventory expects on this host",
     )
@@ -439,7 +433,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--expect-tensorflow", metavar="X.Y.Z", help="pinned TensorFlow version")
     parser.add_argument(
         "--cpu-replicas",
-        type=gpu_count.non_negative_int,
+        type=non_negative_int,
         default=0,
         help="0 = fit on the GPUs (default); N = fit on N logical CPU devices",
     )

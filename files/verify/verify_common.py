@@ -11,6 +11,7 @@ Exit codes used by every script in this folder:
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import tempfile
@@ -85,3 +86,27 @@ def tail(text: str | None, limit: int = 2000) -> str:
     if not text:
         return ""
     return text[-limit:]
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1; raises argparse.ArgumentTypeError otherwise."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """argparse type: an integer >= 0; raises argparse.ArgumentTypeError otherwise."""
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a number > 0 (seconds, for time limits); raises argparse.ArgumentTypeError otherwise."""
+    value = float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return value

@@ -104,7 +104,7 @@ def test_tf217_on_compute_capability_52(site_run):
 def test_tf212_on_python_312(site_run):
     msg = _failure(site_run, "py312")
     assert (
-        "tf2.12: TensorFlow 2.12 supports Python 3.8-3.11; /usr/local/bin/python3.12 on this host is 3.12.1. "
+        "tf2.12: TensorFlow 2.12 supports Python 3.8-3.11; /opt/python-3.12/bin/python3 on this host is 3.12.1. "
         "Point the stack's python at a Python 3.8-3.11 interpreter, or pin TensorFlow 2.16-2.21 for Python 3.12."
     ) in msg
 
