@@ -11,7 +11,8 @@ Facts used here and their sources are listed in ``data/version_matrix.yml``; the
 major, equal or higher minor) is TensorFlow's own run-time check in ``cuda_dnn.cc``, quoted in
 tensorflow/tensorflow#62626.
 
-Exposed to Ansible as the filters ``gpu_stacks_resolve`` and ``cudnn_header_version``; plain
+Exposed to Ansible as the filters ``gpu_stacks_resolve``, ``cudnn_header_version`` and
+``gpu_tf_requirement``; plain
 functions for unit tests.
 """
 
@@ -469,6 +470,14 @@ def cudnn_header_version(text: str) -> str:
     return f"{found['MAJOR']}.{found['MINOR']}.{found['PATCHLEVEL']}"
 
 
+def tf_requirement(tensorflow: dict, default_package: str = "tensorflow") -> str:
+    """pip requirement of a resolved stack's TensorFlow: ``'tensorflow-cpu==2.12.1'``.
+
+    ``tensorflow`` is the stack's ``tensorflow`` record; ``default_package`` is used when the stack
+    names no package (``tf_venv_package``)."""
+    return f"{tensorflow.get('package') or default_package}=={tensorflow['version']}"
+
+
 def gpu_stacks_resolve(pins: list[dict], matrix: dict, manifest: dict, host: dict, default: str = "") -> dict:
     """Ansible filter: ``{{ pins | gpu_stacks_resolve(matrix, manifest, host, default) }}``."""
     return resolve_stacks(pins, matrix, manifest, host, default)
@@ -478,4 +487,8 @@ class FilterModule:
     """GPU stack resolution filters."""
 
     def filters(self) -> dict:
-        return {"gpu_stacks_resolve": gpu_stacks_resolve, "cudnn_header_version": cudnn_header_version}
+        return {
+            "gpu_stacks_resolve": gpu_stacks_resolve,
+            "cudnn_header_version": cudnn_header_version,
+            "gpu_tf_requirement": tf_requirement,
+        }

@@ -7,19 +7,11 @@ it with one bad input, and checks the message and that nothing was installed.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
-import sys
-import uuid
-from pathlib import Path
 
-import pytest
+from conftest import STANDINS, site
 
-ROOT = Path(__file__).resolve().parents[2]
-IMAGE = os.environ.get("GPU_SANDBOX_IMAGE", "localhost/gpu-sandbox-debian:12")
-STANDINS = ROOT / "build/standins"
-ANSIBLE_PLAYBOOK = str(Path(sys.executable).with_name("ansible-playbook"))
 INSTALLED_PATHS = [
     "/usr/local/cuda-11.8",
     "/usr/local/cuda",
@@ -29,60 +21,6 @@ INSTALLED_PATHS = [
     "/etc/ld.so.conf.d/gpu-env.conf",
     "/etc/profile.d/gpu-env.sh",
 ]
-
-
-@pytest.fixture
-def fresh_host(tmp_path):
-    """A new sandbox container and an inventory for it that reuses the sandbox's group_vars."""
-    if shutil.which("podman") is None or not (STANDINS / "artifacts.yml").exists():
-        pytest.fail("needs podman, the sandbox image and the stand-ins: run `make image standins` first")
-    name = f"gpu-badinput-{uuid.uuid4().hex[:8]}"
-    subprocess.run(
-        [
-            "podman",
-            "run",
-            "-d",
-            "--name",
-            name,
-            "--runtime=runc",
-            "--init",
-            "--ulimit",
-            "nofile=1024:1024",
-            "--ulimit",
-            "nproc=4096:4096",
-            IMAGE,
-            "sleep",
-            "infinity",
-        ],
-        check=True,
-        capture_output=True,
-    )
-    inventory = tmp_path / "inventory"
-    inventory.mkdir()
-    (inventory / "hosts.yml").write_text(
-        f"gpu_hosts:\n  hosts:\n    {name}:\n      ansible_connection: containers.podman.podman\n"
-    )
-    (inventory / "group_vars").symlink_to(ROOT / "inventories/sandbox/group_vars")
-    yield name, inventory
-    subprocess.run(["podman", "rm", "-f", "-t", "1", name], capture_output=True)
-
-
-def _site(inventory: Path, *extra: str) -> subprocess.CompletedProcess:
-    # JSON results keep each message on one line (the YAML format folds long ones).
-    env = dict(
-        os.environ,
-        ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"),
-        ANSIBLE_FORCE_COLOR="0",
-        ANSIBLE_CALLBACK_RESULT_FORMAT="json",
-    )
-    return subprocess.run(
-        [ANSIBLE_PLAYBOOK, str(ROOT / "site.yml"), "-i", str(inventory), *extra],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        timeout=900,
-    )
 
 
 def _nothing_installed(name: str) -> list[str]:
@@ -101,7 +39,7 @@ def test_checksum_mismatch_stops_the_host_before_any_change(fresh_host, tmp_path
     with runfile.open("ab") as handle:
         handle.write(b"\n# tampered\n")
     actual = subprocess.run(["sha256sum", str(runfile)], capture_output=True, text=True).stdout.split()[0]
-    out = _site(inventory, "-e", f"gpu_artifacts_controller_dir={artifacts}")
+    out = site(inventory, "-e", f"gpu_artifacts_controller_dir={artifacts}")
     assert out.returncode != 0
     assert f"cuda_11.8.0_520.61.05_linux.run has sha256 {actual}, but the manifest pins" in out.stdout
     assert "download it again and compare" in out.stdout
@@ -113,7 +51,7 @@ def test_missing_artifact_stops_the_host_before_any_change(fresh_host, tmp_path)
     artifacts = tmp_path / "artifacts"
     shutil.copytree(STANDINS, artifacts, symlinks=True)
     (artifacts / "cudnn-linux-x86_64-8.6.0.163_cuda11-archive.tar.xz").unlink()
-    out = _site(inventory, "-e", f"gpu_artifacts_controller_dir={artifacts}")
+    out = site(inventory, "-e", f"gpu_artifacts_controller_dir={artifacts}")
     assert out.returncode != 0
     assert f"cudnn-linux-x86_64-8.6.0.163_cuda11-archive.tar.xz is not in {artifacts} on the controller" in out.stdout
     assert _nothing_installed(name) == []
@@ -125,7 +63,7 @@ def test_tensorflow_pin_outside_host_python_stops_the_host(fresh_host):
         "gpu_preflight_stacks": [{"name": "tf2.10", "tensorflow": "2.10", "package": "tensorflow-cpu"}],
         "gpu_preflight_default_stack": "tf2.10",
     }
-    out = _site(inventory, "-e", json.dumps(stacks))
+    out = site(inventory, "-e", json.dumps(stacks))
     assert out.returncode != 0
     python = subprocess.run(
         ["podman", "exec", name, "python3", "-c", "import platform; print(platform.python_version())"],

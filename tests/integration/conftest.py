@@ -1,0 +1,74 @@
+"""Fixtures for runs of the real playbooks against fresh sandbox containers."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+IMAGE = os.environ.get("GPU_SANDBOX_IMAGE", "localhost/gpu-sandbox-debian:12")
+STANDINS = ROOT / "build/standins"
+ANSIBLE_PLAYBOOK = str(Path(sys.executable).with_name("ansible-playbook"))
+
+
+@pytest.fixture
+def fresh_host(tmp_path):
+    """A new sandbox container and an inventory for it that reuses the sandbox's group_vars.
+
+    Yields ``(container name, inventory folder)``; the container is removed afterwards."""
+    if shutil.which("podman") is None or not (STANDINS / "artifacts.yml").exists():
+        pytest.fail("needs podman, the sandbox image and the stand-ins: run `make image standins` first")
+    name = f"gpu-badinput-{uuid.uuid4().hex[:8]}"
+    subprocess.run(
+        [
+            "podman",
+            "run",
+            "-d",
+            "--name",
+            name,
+            "--runtime=runc",
+            "--init",
+            "--ulimit",
+            "nofile=1024:1024",
+            "--ulimit",
+            "nproc=4096:4096",
+            IMAGE,
+            "sleep",
+            "infinity",
+        ],
+        check=True,
+        capture_output=True,
+    )
+    inventory = tmp_path / "inventory"
+    inventory.mkdir()
+    (inventory / "hosts.yml").write_text(
+        f"gpu_hosts:\n  hosts:\n    {name}:\n      ansible_connection: containers.podman.podman\n"
+    )
+    (inventory / "group_vars").symlink_to(ROOT / "inventories/sandbox/group_vars")
+    yield name, inventory
+    subprocess.run(["podman", "rm", "-f", "-t", "1", name], capture_output=True)
+
+
+def site(inventory: Path, *extra: str, playbook: str = "site.yml") -> subprocess.CompletedProcess:
+    """Run ``playbook`` (relative to the project) against ``inventory`` with extra arguments."""
+    # JSON results keep each message on one line (the YAML format folds long ones).
+    env = dict(
+        os.environ,
+        ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"),
+        ANSIBLE_FORCE_COLOR="0",
+        ANSIBLE_CALLBACK_RESULT_FORMAT="json",
+    )
+    return subprocess.run(
+        [ANSIBLE_PLAYBOOK, str(ROOT / playbook), "-i", str(inventory), *extra],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=900,
+    )
