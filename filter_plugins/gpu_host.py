@@ -67,6 +67,7 @@ def check_host(facts: dict, settings: dict | None = None) -> dict:
             gpus: nvidia_gpu_facts result (count, gpus, models, nvlink_pairs, nvswitch_present) or {},
             compute_apps: [{pid, process_name, gpu_uuid, used_memory_mib}],
             driver_change: bool,             # the run would install a different driver
+            installers: [str],               # "<pid> <command line>" of installers still running
         }``
         settings: ``{strict_hardware: bool, skip_checks: [check names], allow_unsupported: bool}``.
 
@@ -139,6 +140,16 @@ def check_host(facts: dict, settings: dict | None = None) -> dict:
                 "(/lib/modules/<kernel>/build), and none can be installed.",
                 f"Install {facts.get('kernel_headers_package')} or boot a kernel whose headers are available.",
             )
+
+    running = facts.get("installers") or []
+    if running:
+        add(
+            "installer_running",
+            "An install from an earlier run is still running on the host: "
+            + "; ".join(line[:200] for line in running)
+            + ".",
+            "Wait for it to finish (or stop it), then rerun; the rerun skips what it completed.",
+        )
 
     apps = facts.get("compute_apps") or []
     if apps and facts.get("driver_change"):

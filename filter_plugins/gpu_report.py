@@ -19,11 +19,21 @@ def _failed(cause: str, fix: str, **extra: Any) -> dict:
     return dict({"ok": False, "problems": [{"check": "run", "cause": cause, "fix": fix}]}, **extra)
 
 
-def gpu_verify_result(run: dict) -> dict:
+def gpu_verify_result(run: dict, install_dir: str = "/opt/gpu-verify") -> dict:
     """Parse one command result (``stdout``, ``stderr``, ``rc``, ``item``) of gpu_verify.py.
 
+    ``install_dir`` is where the scripts are on the host (for the hint on running them by hand).
     Returns the script's JSON document (a dict with ``ok`` and ``problems``); never raises.
     """
+    stack = run.get("item") or {}
+    if run.get("skipped"):
+        venv = stack.get("venv", "?")
+        return _failed(
+            f"The venv {venv} of stack {stack.get('name')} does not exist on the host.",
+            "Run playbooks/tensorflow.yml (or site.yml) first; then verify by hand with "
+            f"{venv}/bin/python {install_dir}/gpu_verify.py --expected-gpus N --format table.",
+            stack=stack.get("name"),
+        )
     stdout = (run.get("stdout") or "").strip()
     if stdout:
         try:
@@ -35,7 +45,8 @@ def gpu_verify_result(run: dict) -> dict:
     stderr_tail = " ".join((run.get("stderr") or run.get("msg") or "").strip().splitlines()[-3:])
     return _failed(
         f"gpu_verify.py exited with rc {run.get('rc')} and printed no report: {stderr_tail}",
-        "Run it by hand on the host with the venv's python and --format table; check that the venv exists.",
+        f"Run it by hand on the host: {stack.get('venv', '<venv>')}/bin/python {install_dir}/gpu_verify.py "
+        "--expected-gpus N --format table.",
         rc=run.get("rc"),
     )
 

@@ -25,6 +25,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 DEFAULT_PYTHON = "/usr/bin/python3"
+PIN_KEYS = ("name", "tensorflow", "cuda", "cudnn", "python", "package", "venv")
 DEFAULT_VENV_ROOT = "/opt/tensorflow"
 CUDA_ROOT_PREFIX = "/usr/local/cuda-"
 
@@ -210,7 +211,7 @@ def resolve_stack(pin: dict, matrix: dict, manifest: dict, host: dict) -> dict:
             "cuda",
             f"No CUDA {cuda_pin} runfile is in the artifact manifest.",
             f"Add its cuda_{cuda_pin}*_linux.run entry with a sha256 to an artifact manifest "
-            "(gpu_preflight_manifest_files), or pin a CUDA release the manifest has.",
+            "(gpu_preflight_manifest_overlays), or pin a CUDA release the manifest has.",
         )
     else:
         runfile, entry = picked
@@ -260,7 +261,7 @@ def resolve_stack(pin: dict, matrix: dict, manifest: dict, host: dict) -> dict:
             "cudnn",
             f"No cuDNN {cudnn_pin} archive for CUDA {cuda_major} is in the artifact manifest.",
             f"Add its cudnn-linux-x86_64-{cudnn_pin}*_cuda{cuda_major}-archive.tar.xz entry with a sha256 "
-            "to an artifact manifest (gpu_preflight_manifest_files).",
+            "to an artifact manifest (gpu_preflight_manifest_overlays).",
         )
     else:
         archive, entry = picked
@@ -304,7 +305,7 @@ def resolve_stack(pin: dict, matrix: dict, manifest: dict, host: dict) -> dict:
                 part,
                 f"{rec['file']} has no sha256 in the artifact manifest.",
                 "Add the sha256 of the file you downloaded to an overlay manifest "
-                "(gpu_preflight_manifest_files); unpinned files are never installed.",
+                "(gpu_preflight_manifest_overlays); unpinned files are never installed.",
             )
 
     series_dir = tf_series
@@ -355,6 +356,29 @@ def resolve_stacks(pins: list[dict], matrix: dict, manifest: dict, host: dict, d
                 "fix": "Set gpu_preflight_stacks in the inventory (see inventories/gpu_hosts).",
             }
         )
+    for index, pin in enumerate(pins):
+        label = str(pin.get("name") or f"stack #{index + 1}")
+        unknown = sorted(set(pin) - set(PIN_KEYS))
+        if unknown:
+            problems.append(
+                {
+                    "stack": label,
+                    "check": "stacks",
+                    "cause": f"Unknown key {', '.join(map(repr, unknown))} in gpu_preflight_stacks.",
+                    "fix": f"Use only {', '.join(PIN_KEYS)} (check the spelling).",
+                }
+            )
+        for key in ("name", "tensorflow"):
+            if not pin.get(key):
+                problems.append(
+                    {
+                        "stack": label,
+                        "check": "stacks",
+                        "cause": f"The stack has no {key!r}.",
+                        "fix": f"Give every item of gpu_preflight_stacks a {key!r}.",
+                    }
+                )
+    pins = [p for p in pins if p.get("name") and p.get("tensorflow")]
     names = [p.get("name") for p in pins]
     for dup in sorted({n for n in names if names.count(n) > 1}):
         problems.append(
@@ -386,7 +410,7 @@ def resolve_stacks(pins: list[dict], matrix: dict, manifest: dict, host: dict, d
                     "check": "driver",
                     "cause": f"No NVIDIA-Linux-x86_64-{driver_text}.run is in the artifact manifest.",
                     "fix": "Add its entry with a sha256 to an artifact manifest "
-                    "(gpu_preflight_manifest_files), or pin a driver the manifest has.",
+                    "(gpu_preflight_manifest_overlays), or pin a driver the manifest has.",
                 }
             )
         else:
@@ -398,7 +422,7 @@ def resolve_stacks(pins: list[dict], matrix: dict, manifest: dict, host: dict, d
                         "check": "driver",
                         "cause": f"{picked[0]} has no sha256 in the artifact manifest.",
                         "fix": "Add the sha256 of the file you downloaded to an overlay manifest "
-                        "(gpu_preflight_manifest_files); unpinned files are never installed.",
+                        "(gpu_preflight_manifest_overlays); unpinned files are never installed.",
                     }
                 )
     python_versions = host.get("python_versions") or {}
@@ -449,7 +473,7 @@ def resolve_stacks(pins: list[dict], matrix: dict, manifest: dict, host: dict, d
                 }
             )
         by_venv.setdefault(stack["venv"], stack["name"])
-    messages = [f"{p['stack']}: {p['cause']} {p['fix']}".strip() for p in problems]
+    messages = [f"{p['stack'] + ': ' if p['stack'] != '-' else ''}{p['cause']} {p['fix']}".strip() for p in problems]
     return {
         "ok": not problems,
         "stacks": stacks,

@@ -32,9 +32,10 @@ def problem(check: str, cause: str, fix: str) -> Problem:
         check: which check failed (``gpu_count``, ``libcuda``, ``libcudart``, ``libcudnn``,
             ``driver``, ``tensorflow``, ``fit``).
         cause: what is wrong, with the numbers/paths involved.
-        fix: what an administrator should do about it.
+        fix: what an administrator should do about it; starts with a capital (it follows the
+            cause as a sentence of its own).
     """
-    return {"check": check, "cause": cause, "fix": fix}
+    return {"check": check, "cause": cause, "fix": fix[:1].upper() + fix[1:]}
 
 
 def parse_version(text: str, parts: int, what: str = "version") -> tuple[int, ...]:

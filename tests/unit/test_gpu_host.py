@@ -270,3 +270,15 @@ def test_findmnt_mounts_keeps_tmpfs_and_overlay():
         "size_available": 67108864,
     }
     assert gpu_host.mount_for("/opt/tensorflow/2.12", mounts)["size_available"] == 79827042304
+
+
+def test_installer_of_an_interrupted_run_stops_the_host():
+    line = "4711 sh /var/cache/gpu-artifacts/cuda_toolkit/11.8.0/cuda_11.8.0_520.61.05_linux.run --silent --toolkit"
+    result = gpu_host.check_host(facts(installers=[line]))
+    assert result["problems"] == [
+        {
+            "check": "installer_running",
+            "cause": f"An install from an earlier run is still running on the host: {line}.",
+            "fix": "Wait for it to finish (or stop it), then rerun; the rerun skips what it completed.",
+        }
+    ]

@@ -39,3 +39,11 @@ def test_collect_lists_every_host_with_stacks_and_overrides():
     assert [d["ok"] for d in report["a"]] == [True, False]
     assert report["a"][0]["preflight_overridden"][0]["check"] == "noexec"
     assert report["b"]["ok"] is False and report["b"]["unreachable"] is True
+
+
+def test_missing_venv_names_it_and_the_playbook_to_run():
+    run = {"skipped": True, "item": {"name": "tf2.12", "venv": "/opt/tensorflow/2.12"}}
+    doc = gpu_report.gpu_verify_result(run, "/opt/gpu-verify")
+    assert doc["ok"] is False and doc["stack"] == "tf2.12"
+    assert doc["problems"][0]["cause"] == "The venv /opt/tensorflow/2.12 of stack tf2.12 does not exist on the host."
+    assert doc["problems"][0]["fix"].startswith("Run playbooks/tensorflow.yml (or site.yml) first; then verify by hand")

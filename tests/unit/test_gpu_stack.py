@@ -303,7 +303,7 @@ def test_cuda_runfile_missing_from_manifest():
     result = resolve({"name": "a", "tensorflow": "2.12"}, manifest=manifest)
     assert result["messages"] == [
         "a: No CUDA 11.8 runfile is in the artifact manifest. Add its cuda_11.8*_linux.run entry with a sha256 "
-        "to an artifact manifest (gpu_preflight_manifest_files), or pin a CUDA release the manifest has."
+        "to an artifact manifest (gpu_preflight_manifest_overlays), or pin a CUDA release the manifest has."
     ]
 
 
@@ -312,7 +312,7 @@ def test_cudnn_archive_missing_for_cuda_major():
     assert result["messages"] == [
         "a: No cuDNN 8.9 archive for CUDA 12 is in the artifact manifest. Add its "
         "cudnn-linux-x86_64-8.9*_cuda12-archive.tar.xz entry with a sha256 to an artifact manifest "
-        "(gpu_preflight_manifest_files)."
+        "(gpu_preflight_manifest_overlays)."
     ]
 
 
@@ -320,17 +320,17 @@ def test_artifact_without_sha256_is_refused():
     result = resolve({"name": "a", "tensorflow": "2.12"}, manifest=copy.deepcopy(REAL_MANIFEST))
     assert (
         "a: cudnn-linux-x86_64-8.6.0.163_cuda11-archive.tar.xz has no sha256 in the artifact manifest. Add the "
-        "sha256 of the file you downloaded to an overlay manifest (gpu_preflight_manifest_files); unpinned files "
+        "sha256 of the file you downloaded to an overlay manifest (gpu_preflight_manifest_overlays); unpinned files "
         "are never installed." in result["messages"]
     )
-    assert any(m.startswith("-: NVIDIA-Linux-x86_64-520.61.05.run has no sha256") for m in result["messages"])
+    assert any(m.startswith("NVIDIA-Linux-x86_64-520.61.05.run has no sha256") for m in result["messages"])
 
 
 def test_driver_runfile_missing_from_manifest():
     result = resolve({"name": "a", "tensorflow": "2.12"}, driver="530.30.02")
     assert result["messages"] == [
-        "-: No NVIDIA-Linux-x86_64-530.30.02.run is in the artifact manifest. Add its entry with a sha256 to an "
-        "artifact manifest (gpu_preflight_manifest_files), or pin a driver the manifest has."
+        "No NVIDIA-Linux-x86_64-530.30.02.run is in the artifact manifest. Add its entry with a sha256 to an "
+        "artifact manifest (gpu_preflight_manifest_overlays), or pin a driver the manifest has."
     ]
 
 
@@ -359,7 +359,7 @@ def test_all_problems_are_reported_together():
 
 def test_no_stacks():
     assert resolve([])["messages"] == [
-        "-: No stack is pinned. Set gpu_preflight_stacks in the inventory (see inventories/gpu_hosts)."
+        "No stack is pinned. Set gpu_preflight_stacks in the inventory (see inventories/gpu_hosts)."
     ]
 
 
@@ -444,3 +444,19 @@ def test_versions_compare_as_versions_not_strings():
 )
 def test_cudnn_header_version(text, version):
     assert gpu_stack.cudnn_header_version(text) == version
+
+
+def test_unknown_stack_key_is_named():
+    result = resolve({"name": "x", "tensorflow": "2.12", "pakage": "tensorflow-cpu"})
+    assert result["messages"] == [
+        "x: Unknown key 'pakage' in gpu_preflight_stacks. Use only name, tensorflow, cuda, cudnn, python, package, "
+        "venv (check the spelling)."
+    ]
+
+
+def test_stack_without_tensorflow_is_named():
+    result = resolve([{"name": "x"}])
+    assert (
+        "x: The stack has no 'tensorflow'. Give every item of gpu_preflight_stacks a 'tensorflow'."
+        in result["messages"]
+    )

@@ -117,7 +117,7 @@ def test_driver_too_old_for_runtime() -> None:
     assert found["check"] == "driver"
     assert "Driver too old for the runtime" in found["cause"]
     assert "CUDA 11.4" in found["cause"] and "CUDA 11.8" in found["cause"]
-    assert "upgrade the driver" in found["fix"]
+    assert "Upgrade the driver" in found["fix"]
     newer = rec("libcuda.so.1", 12020, "12.2")
     assert libraries.compare_driver_runtime(newer, rec("libcudart.so.11.0", 11080, "11.8")) == []
 
