@@ -51,6 +51,17 @@ def gpu_verify_result(run: dict, install_dir: str = "/opt/gpu-verify") -> dict:
     )
 
 
+def gpu_du_bytes(lines: list[str]) -> dict[str, int]:
+    """``du --summarize --bytes PATH...`` output lines -> ``{path: bytes}`` (paths du could not
+    read are missing from its output and so from the result)."""
+    used = {}
+    for line in lines:
+        size, _, path = line.partition("\t")
+        if size.isdigit() and path:
+            used[path] = int(size)
+    return used
+
+
 def gpu_verify_collect(all_hosts: list[str], hostvars: Any, alive_hosts: list[str]) -> dict:
     """Gather ``__gpu_verify_results`` of every host, with the preflight checks it overrode.
 
@@ -83,4 +94,8 @@ class FilterModule:
     """gpu_verify filters."""
 
     def filters(self) -> dict:
-        return {"gpu_verify_result": gpu_verify_result, "gpu_verify_collect": gpu_verify_collect}
+        return {
+            "gpu_verify_result": gpu_verify_result,
+            "gpu_verify_collect": gpu_verify_collect,
+            "gpu_du_bytes": gpu_du_bytes,
+        }

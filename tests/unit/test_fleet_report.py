@@ -31,6 +31,7 @@ HEADERS = [
     "loss start→end",
     "fit s",
     "samples/s",
+    "disk GiB",
     "mode",
     "problems",
 ]
@@ -66,6 +67,7 @@ def passing_doc() -> dict[str, Any]:
             },
         },
         "tensorflow": {"version": "2.12.1", "is_cuda_build": True, "gpus": 2},
+        "disk_used_bytes": {"/usr/local/cuda-11.8": 5 * 1024**3, "/opt/tensorflow/2.12": 1024**3 + 512 * 1024**2},
         "fit": {
             "ok": True,
             "num_replicas_in_sync": 2,
@@ -152,6 +154,7 @@ def test_rows_show_loaded_versions_and_columns() -> None:
         "loss": "2.403→0.595",
         "fit_seconds": "3.21",
         "samples_per_second": "1234.6",
+        "disk_gib": "6.50",
         "mode": "gpu",
         "problems": "",
     }
@@ -234,7 +237,7 @@ def test_report_files(tmp_path: Path) -> None:
     assert md.startswith("# GPU fleet report — run 42")
     assert "| " + " | ".join(HEADERS) + " |" in md
     assert (
-        "| gpu01 (tf2.12) | PASS | 520.61.05 | 11.8 | 8.6.0 | 2.12.1 | 2/2 | 2 | 2.403→0.595 | 3.21 | 1234.6 | gpu |  |"
+        "| gpu01 (tf2.12) | PASS | 520.61.05 | 11.8 | 8.6.0 | 2.12.1 | 2/2 | 2 | 2.403→0.595 | 3.21 | 1234.6 | 6.50 | gpu |  |"
         in md
     )
     assert "/usr/lib/x \\| y" in md  # a pipe in a cause must not break the table
@@ -270,3 +273,10 @@ def test_input_is_not_modified() -> None:
     before = copy.deepcopy(RESULTS)
     fleet_report.build_report(RESULTS, None)
     assert RESULTS == before
+
+
+def test_overridden_preflight_checks_are_listed_in_the_notes():
+    doc = dict(passing_doc(), preflight_overridden=[{"check": "noexec", "cause": "/tmp is noexec.", "fix": "x"}])
+    report = fleet_report.build_report({"gpu01": [doc]}, None)
+    assert "preflight check noexec overridden: /tmp is noexec." in report["hosts"]["gpu01"]["mode_notes"]
+    assert "preflight check noexec overridden" in fleet_report.format_markdown(report)

@@ -47,3 +47,8 @@ def test_missing_venv_names_it_and_the_playbook_to_run():
     assert doc["ok"] is False and doc["stack"] == "tf2.12"
     assert doc["problems"][0]["cause"] == "The venv /opt/tensorflow/2.12 of stack tf2.12 does not exist on the host."
     assert doc["problems"][0]["fix"].startswith("Run playbooks/tensorflow.yml (or site.yml) first; then verify by hand")
+
+
+def test_du_bytes_parses_du_output():
+    lines = ["5368709120\t/usr/local/cuda-11.8", "1717986918\t/opt/tensorflow/2.12", "du: cannot access 'x'"]
+    assert gpu_report.gpu_du_bytes(lines) == {"/usr/local/cuda-11.8": 5368709120, "/opt/tensorflow/2.12": 1717986918}

@@ -122,6 +122,7 @@ def test_report_json_fields():
     assert doc["fit"]["num_replicas_in_sync"] == 2
     assert doc["fit"]["loss_end"] < doc["fit"]["loss_start"]
     assert doc["mode"] == "cpu-replicas"
+    assert doc["disk_used_bytes"][CUDA] > 0 and doc["disk_used_bytes"][VENV] > 100 * 1024**2
     assert report["summary"]["failed"] == 0
 
 

@@ -52,6 +52,7 @@ COLUMNS = (
     ("loss", "loss start→end"),
     ("fit_seconds", "fit s"),
     ("samples_per_second", "samples/s"),
+    ("disk_gib", "disk GiB"),
     ("mode", "mode"),
     ("problems", "problems"),
 )
@@ -108,6 +109,13 @@ def host_problems(doc: Any) -> list[dict[str, str]]:
     return problems
 
 
+def _disk_gib(used: Any) -> str:
+    """Sum of ``disk_used_bytes`` ({path: bytes}: toolkits, venv, artifact cache) in GiB, or '-'."""
+    if not isinstance(used, dict) or not used:
+        return "-"
+    return f"{sum(int(v) for v in used.values()) / 1024**3:.2f}"
+
+
 def build_row(host: str, doc: Any) -> dict[str, Any]:
     """One table row (strings) plus ``status`` for a host's result document."""
     problems = host_problems(doc)
@@ -137,6 +145,7 @@ def build_row(host: str, doc: Any) -> dict[str, Any]:
         "loss": loss,
         "fit_seconds": _num(_get(doc, "fit", "fit_seconds"), 2),
         "samples_per_second": _num(_get(doc, "fit", "samples_per_second"), 1),
+        "disk_gib": _disk_gib(_get(doc, "disk_used_bytes")),
         "mode": _get(doc, "mode") or "-",
         "problems": ("TIMED OUT " if _get(doc, "fit", "timed_out") else "") + problems_cell,
         "_problems": problems,
