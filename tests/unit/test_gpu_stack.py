@@ -308,7 +308,9 @@ def test_cuda_runfile_missing_from_manifest():
 
 
 def test_cudnn_archive_missing_for_cuda_major():
-    result = resolve({"name": "a", "tensorflow": "2.15"}, driver="535.104.05", manifest=_manifest(**DRIVER_535))
+    manifest = _manifest(**DRIVER_535)
+    del manifest["cudnn-linux-x86_64-8.9.7.29_cuda12-archive.tar.xz"]
+    result = resolve({"name": "a", "tensorflow": "2.15"}, driver="535.104.05", manifest=manifest)
     assert result["messages"] == [
         "a: No cuDNN 8.9 archive for CUDA 12 is in the artifact manifest. Add its "
         "cudnn-linux-x86_64-8.9*_cuda12-archive.tar.xz entry with a sha256 to an artifact manifest "
