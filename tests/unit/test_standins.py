@@ -503,3 +503,15 @@ def test_builder_rejects_a_malformed_cuda_spec(tmp_path: Path) -> None:
     )
     assert proc.returncode == 2
     assert "VERSION:DRIVER:NVCC" in proc.stderr
+
+
+def test_nvidia_smi_compute_apps_from_the_description(nvidia_smi_standin: NvidiaSmiStandin, tmp_path: Path) -> None:
+    fixture = Path(__file__).resolve().parents[1] / "fixtures/nvidia/gpus/2xA100-SXM4-80GB.json"
+    data = json.loads(fixture.read_text())
+    data["compute_apps"] = [{"pid": 4242, "process_name": "python3", "gpu_uuid": "GPU-x", "used_memory_mib": 30512}]
+    busy = tmp_path / "busy.json"
+    busy.write_text(json.dumps(data))
+    query = ("--query-compute-apps=pid,process_name,gpu_uuid,used_memory", "--format=csv,noheader,nounits")
+    assert nvidia_smi_standin.run(*query, description=str(busy)).stdout.splitlines() == ["4242, python3, GPU-x, 30512"]
+    idle = nvidia_smi_standin.run(*query)
+    assert (idle.returncode, idle.stdout) == (0, "")
