@@ -280,3 +280,28 @@ def test_overridden_preflight_checks_are_listed_in_the_notes():
     report = fleet_report.build_report({"gpu01": [doc]}, None)
     assert "preflight check noexec overridden: /tmp is noexec." in report["hosts"]["gpu01"]["mode_notes"]
     assert "preflight check noexec overridden" in fleet_report.format_markdown(report)
+
+
+def _two_host_report() -> dict[str, Any]:
+    failing = dict(
+        passing_doc(), ok=False, problems=[{"check": "libcudnn", "cause": "cuDNN 8.5.0 <b>", "fix": "Pin 8.6"}]
+    )
+    return fleet_report.build_report({"gpu01": [passing_doc()], "gpu02": [failing]}, None)
+
+
+def test_html_is_self_contained_with_a_coloured_row_per_host():
+    page = fleet_report.format_html(_two_host_report())
+    assert page.startswith("<!DOCTYPE html>") and "<script" not in page and "http" not in page
+    assert page.count('<tr class="pass">') == 1 and page.count('<tr class="fail">') == 1
+    assert "cuDNN 8.5.0 &lt;b&gt;" in page and "<b>gpu02" in page
+
+
+def test_junit_has_a_case_per_host_and_check_and_the_failure():
+    import xml.etree.ElementTree as ET
+
+    suite = ET.fromstring(fleet_report.format_junit(_two_host_report()))
+    cases = suite.findall("testcase")
+    assert len(cases) == 2 * len(fleet_report.JUNIT_CHECKS)
+    failed = [(c.get("classname"), c.get("name")) for c in cases if c.find("failure") is not None]
+    assert failed == [("gpu02 (tf2.12)", "libcudnn")]
+    assert (suite.get("tests"), suite.get("failures")) == (str(len(cases)), "1")

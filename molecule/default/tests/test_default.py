@@ -126,6 +126,12 @@ def test_report_json_fields():
     assert report["summary"]["failed"] == 0
 
 
+def test_report_for_people_and_ci_dashboards():
+    assert '<tr class="pass">' in (ROOT / "reports/fleet-report.html").read_text()
+    junit = (ROOT / "reports/fleet-report.junit.xml").read_text()
+    assert 'failures="0"' in junit and 'name="fit"' in junit
+
+
 def test_more_gpus_expected_than_seen_fails_verification(tmp_path):
     """playbooks/verify.yml on its own, with the inventory expecting 3 GPUs on a 2-GPU host."""
     # JSON results keep each message on one line (the YAML format folds long ones).

@@ -17,6 +17,11 @@ Output:
   "summary": {"hosts", "passed", "failed", "unreachable"}}``; a host passes only if every stack on
   it passed.
 * ``<out-dir>/fleet-report.md``: the same table in Markdown, with every cause and fix below it.
+* ``<out-dir>/fleet-report.html``: a self-contained page (inline CSS, no scripts) with the table,
+  each row coloured by pass/fail, then the notes and every cause and fix.
+* ``<out-dir>/fleet-report.junit.xml``: JUnit XML, one test case per host (row) and check
+  (``gpu_count``, ``driver``, ``libcuda``, ``libcudart``, ``libcudnn``, ``tensorflow``, ``fit``,
+  and any other check a problem names), for CI dashboards.
 * stdout: the table as plain text, causes and fixes below it.
 
 Versions shown are the ones really loaded (libraries' decoded versions, nvidia-smi's driver),
@@ -30,10 +35,12 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import html
 import json
 import os
 import sys
 import tempfile
+import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from typing import Any, TextIO
 
@@ -263,6 +270,67 @@ def format_markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+# One JUnit test case per host and check; a check absent from a host's problems passed.
+JUNIT_CHECKS = ("gpu_count", "driver", "libcuda", "libcudart", "libcudnn", "tensorflow", "fit")
+HTML_STYLE = (
+    "body{font-family:sans-serif;margin:1.5em}table{border-collapse:collapse}"
+    "th,td{border:1px solid #bbb;padding:.3em .6em;text-align:left}th{background:#eee}"
+    "tr.pass td.status{background:#c8f0c8}tr.fail td.status{background:#f6c4c4}"
+    "tr.fail{background:#fff4f4}li{margin:.3em 0}"
+)
+
+
+def format_html(report: dict[str, Any]) -> str:
+    """Self-contained HTML page (inline CSS, no scripts): the table with a pass/fail colour per
+    row, then the notes and every problem with its fix."""
+    esc = html.escape
+    summary = report["summary"]
+    head = "".join(f"<th>{esc(t)}</th>" for _, t in COLUMNS)
+    rows = []
+    for row in _rows(report):
+        cells = "".join(f'<td class="{key}">{esc(str(row[key]))}</td>' for key, _ in COLUMNS)
+        rows.append(f'<tr class="{row["status"].lower()}">{cells}</tr>')
+    notes, problems = _details(report)
+    items = "".join(
+        f"<li><b>{esc(where)}</b> <code>{esc(str(p.get('check')))}</code>: {esc(str(p.get('cause')))}"
+        f"<br>Fix: {esc(str(p.get('fix')))}</li>"
+        for where, p in problems
+    )
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>GPU fleet report</title>'
+        f"<style>{HTML_STYLE}</style></head><body>\n<h1>GPU fleet report</h1>\n"
+        f"<p>Generated {esc(report['generated_at'])}: {summary['hosts']} hosts, {summary['passed']} passed, "
+        f"{summary['failed']} failed ({summary['unreachable']} unreachable).</p>\n"
+        f'<table id="fleet"><thead><tr>{head}</tr></thead><tbody>\n'
+        + "\n".join(rows)
+        + "\n</tbody></table>\n"
+        + (("<h2>Notes</h2><ul>" + "".join(f"<li>{esc(n)}</li>" for n in notes) + "</ul>\n") if notes else "")
+        + (f"<h2>Problems</h2><ul>{items}</ul>\n" if problems else "")
+        + "</body></html>\n"
+    )
+
+
+def format_junit(report: dict[str, Any]) -> str:
+    """JUnit XML for CI dashboards: one test suite, one test case per host (row) and check."""
+    suite = ET.Element("testsuite", name="gpu-fleet", timestamp=report["generated_at"])
+    cases = failures = 0
+    for host in report["hosts"].values():
+        for row, doc in zip(host["rows"], host["results"]):
+            found = host_problems(doc)
+            checks = list(JUNIT_CHECKS) + sorted({str(p.get("check")) for p in found} - set(JUNIT_CHECKS))
+            for check in checks:
+                case = ET.SubElement(suite, "testcase", classname=row["host"], name=check)
+                cases += 1
+                failing = [p for p in found if p.get("check") == check]
+                if failing:
+                    failures += 1
+                    failure = ET.SubElement(case, "failure", message=str(failing[0].get("cause")))
+                    failure.text = "\n".join(f"{p.get('cause')}\nFix: {p.get('fix')}" for p in failing)
+    suite.set("tests", str(cases))
+    suite.set("failures", str(failures))
+    return ET.tostring(suite, encoding="unicode") + "\n"
+
+
 def _write(path: str, text: str) -> None:
     folder = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=folder)
@@ -294,14 +362,14 @@ def load_input(source: str, stdin: TextIO) -> dict[str, Any]:
 def build_parser() -> argparse.ArgumentParser:
     """The command-line interface."""
     parser = argparse.ArgumentParser(
-        description="Write fleet-report.json and fleet-report.md from per-host gpu_verify results and print the table.",
+        description="Write fleet-report.{json,md,html,junit.xml} from per-host gpu_verify results and print the table.",
         epilog="Exit codes: 0 report written (whatever the hosts' results), 2 bad input or usage error.",
     )
     parser.add_argument("--input", required=True, help="JSON file {hostname: result}, or - for stdin")
     parser.add_argument(
         "--out-dir",
         required=True,
-        help="folder for fleet-report.json and fleet-report.md",
+        help="folder for fleet-report.json, .md, .html and .junit.xml",
     )
     parser.add_argument("--run-id", help="label for this run, shown in the report")
     return parser
@@ -327,6 +395,8 @@ def main(
             json.dumps(report, indent=2, sort_keys=True, default=str) + "\n",
         )
         _write(os.path.join(args.out_dir, "fleet-report.md"), format_markdown(report))
+        _write(os.path.join(args.out_dir, "fleet-report.html"), format_html(report))
+        _write(os.path.join(args.out_dir, "fleet-report.junit.xml"), format_junit(report))
     except OSError as exc:
         print(f"fleet_report: cannot write to {args.out_dir}: {exc}", file=sys.stderr)
         return EXIT_USAGE
