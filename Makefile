@@ -1,6 +1,6 @@
 # make demo   - the main job end to end on the built-in sandbox host
 # make test   - lint, unit tests, Molecule default (check -> converge -> idempotence -> verify) and
-#               preflight scenarios, bad-input runs
+#               preflight and artifacts scenarios, bad-input and air-gap runs
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 VENV := .venv
@@ -59,6 +59,7 @@ unit: venv standins
 molecule: venv standins image
 	$(BIN)/molecule test -s default
 	$(BIN)/molecule test -s preflight
+	$(BIN)/molecule test -s artifacts
 
 integration: venv standins image
 	$(BIN)/pytest -q tests/integration
