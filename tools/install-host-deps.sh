@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Install the Debian packages the controller needs for the sandbox, the stand-ins and the tests:
 # podman + runc (rootful containers; crun cannot run here), debootstrap (the image), makeself, gcc,
-# xz-utils (the NVIDIA stand-ins), python3-venv. Skips apt when everything is present already.
+# xz-utils (the NVIDIA stand-ins), python3-venv, chromium (renders the HTML report in a test).
+# Skips apt when everything is present already.
 # Exit codes: 0 ready; 1 apt failed; 2 not root.
 set -euo pipefail
 need=()
-for pair in podman:podman runc:runc debootstrap:debootstrap makeself:makeself gcc:gcc xz:xz-utils; do
+for pair in podman:podman runc:runc debootstrap:debootstrap makeself:makeself gcc:gcc xz:xz-utils chromium:chromium; do
   command -v "${pair%%:*}" >/dev/null 2>&1 || need+=("${pair##*:}")
 done
 python3 -c 'import ensurepip, venv' 2>/dev/null || need+=(python3-venv)
