@@ -262,16 +262,20 @@ def run_fit(args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
                 cpus[0],
                 [tf.config.LogicalDeviceConfiguration() for _ in range(args.cpu_replicas)],
             )
-            strategy = tf.distribute.MirroredStrategy(devices=[f"/cpu:{i}" for i in range(args.cpu_replicas)])
+            used = min(args.use_replicas or args.cpu_replicas, args.cpu_replicas)
+            strategy = tf.distribute.MirroredStrategy(devices=[f"/cpu:{i}" for i in range(used)])
         else:
             if not gpus:
                 raise RuntimeError(
                     "TensorFlow sees no GPU (tf.config.list_physical_devices('GPU') is empty); "
                     f"build is_cuda_build={tf_info.get('is_cuda_build')}"
                 )
-            strategy = tf.distribute.MirroredStrategy()
+            used = min(args.use_replicas or len(gpus), len(gpus))
+            strategy = tf.distribute.MirroredStrategy(devices=[f"/gpu:{i}" for i in range(used)])
         if expected is None:
             expected = len(gpus)
+        if args.use_replicas:
+            expected = min(expected, args.use_replicas)
         result["expected_replicas"] = expected
         replicas = int(strategy.num_replicas_in_sync)
         result["num_replicas_in_sync"] = replicas
@@ -280,6 +284,11 @@ def run_fit(args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
         result["global_batch_size"] = global_batch
         progress.write("strategy", replicas=replicas, devices=result["devices"])
 
+        if args.mixed_precision:
+            # TensorFlow's mixed-precision guide: float16 compute, float32 variables; the output
+            # layer stays float32 for a numerically stable loss.
+            tf.keras.mixed_precision.set_global_policy("mixed_float16")
+        result["mixed_precision"] = bool(args.mixed_precision)
         tf.keras.utils.set_random_seed(args.seed)
         samples = global_batch * args.steps
         dataset, _ = make_dataset(tf, np, samples, args.image_size, global_batch, args.seed)
@@ -289,7 +298,7 @@ def run_fit(args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
                     tf.keras.Input(shape=(args.image_size, args.image_size, 3)),
                     tf.keras.layers.Conv2D(16, 3, activation="relu"),
                     tf.keras.layers.GlobalAveragePooling2D(),
-                    tf.keras.layers.Dense(10),
+                    tf.keras.layers.Dense(10, dtype="float32"),
                 ]
             )
             model.compile(
@@ -355,6 +364,17 @@ def build_parser() -> argparse.ArgumentParser:
         type=non_negative_int,
         default=0,
         help="0 = one replica per GPU (default); N = split the CPU into N logical devices",
+    )
+    parser.add_argument(
+        "--use-replicas",
+        type=positive_int,
+        default=None,
+        help="use only the first N devices (the 1-replica baseline of the scaling check); default all",
+    )
+    parser.add_argument(
+        "--mixed-precision",
+        action="store_true",
+        help="train with the mixed_float16 policy (float16 compute, float32 variables)",
     )
     parser.add_argument(
         "--expected-replicas",

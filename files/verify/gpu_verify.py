@@ -295,6 +295,53 @@ def run_fit_subprocess(fit_argv: Sequence[str], timeout: float, fit_script: str)
     return result
 
 
+def scaling_result(fit_all: dict[str, Any], fit_one: dict[str, Any], threshold: float) -> dict[str, Any]:
+    """Compare the steady throughput (samples/s without the first epoch) of the fit on all replicas
+    with the same fit on one replica: speedup = all / one, efficiency = speedup / replicas.
+
+    Returns ``{replicas, samples_per_second_one, samples_per_second_all, speedup, efficiency,
+    threshold, ok, problems}``; an efficiency below ``threshold`` (a fraction, 0.75 by default; 2 GPUs
+    with NVLink commonly give 1.8-2.2x) or a failed baseline fit is a problem.
+    """
+    replicas = int(fit_all.get("num_replicas_in_sync") or 0)
+    rate = lambda fit: fit.get("steady_samples_per_second") or fit.get("samples_per_second")  # noqa: E731
+    one, every = rate(fit_one), rate(fit_all)
+    doc: dict[str, Any] = {
+        "replicas": replicas,
+        "samples_per_second_one": one,
+        "samples_per_second_all": every,
+        "speedup": None,
+        "efficiency": None,
+        "threshold": threshold,
+        "ok": False,
+        "problems": [],
+    }
+    if not fit_one.get("ok") or not one or not every:
+        doc["problems"].append(
+            problem(
+                "scaling",
+                f"The 1-replica baseline fit failed: {fit_one.get('error') or 'no throughput reported'}.",
+                "Run fit.py --use-replicas 1 by hand with the venv's python to see why.",
+            )
+        )
+        return doc
+    doc["speedup"] = round(every / one, 3)
+    doc["efficiency"] = round(every / one / replicas, 3)
+    doc["ok"] = doc["efficiency"] >= threshold
+    if not doc["ok"]:
+        doc["problems"].append(
+            problem(
+                "scaling",
+                f"Scaling efficiency {doc['efficiency']:.2f} on {replicas} replicas ({doc['speedup']:.2f}x the "
+                f"1-replica throughput) is below {threshold:.2f}.",
+                "Check the links between the GPUs (`nvidia-smi topo -m`: NVLink, or PCIe x16 without a host "
+                "bridge in between), NCCL's settings and the input pipeline; small models scale poorly, so "
+                "compare with a larger per-replica batch.",
+            )
+        )
+    return doc
+
+
 def verify(args: argparse.Namespace) -> dict[str, Any]:
     """Run every check and assemble the output document."""
     started = time.monotonic()
@@ -320,9 +367,17 @@ def verify(args: argparse.Namespace) -> dict[str, Any]:
         "--seed",
         str(args.seed),
     ]
-    if expected_replicas > 0:
-        fit_argv += ["--expected-replicas", str(expected_replicas)]
-    fit = run_fit_subprocess(fit_argv, args.timeout, args.fit_script)
+    if args.mixed_precision:
+        fit_argv.append("--mixed-precision")
+    fit = run_fit_subprocess(
+        fit_argv + (["--expected-replicas", str(expected_replicas)] if expected_replicas > 0 else []),
+        args.timeout,
+        args.fit_script,
+    )
+    scaling = None
+    if args.scaling and fit.get("ok") and (fit.get("num_replicas_in_sync") or 0) > 1:
+        single = run_fit_subprocess(fit_argv + ["--use-replicas", "1"], args.timeout, args.fit_script)
+        scaling = scaling_result(fit, single, args.scaling_threshold)
 
     tf_info = fit.pop("tensorflow", None) or {
         "version": None,
@@ -339,6 +394,8 @@ def verify(args: argparse.Namespace) -> dict[str, Any]:
             problems += tensorflow_gpu_problems(tf_info, args.expected_gpus, gpus["seen"])
     problems += tf_loaded_library_problems(fit.get("loaded_libraries"), libs, args.expect_cuda, args.expect_cudnn)
     problems += fit_problems
+    if scaling is not None:
+        problems += scaling.pop("problems")
 
     return {
         "schema": SCHEMA,
@@ -352,6 +409,7 @@ def verify(args: argparse.Namespace) -> dict[str, Any]:
         "libraries": libs,
         "tensorflow": tf_info,
         "fit": fit,
+        "scaling": scaling,
         "problems": problems,
         "expected": {
             "gpus": args.expected_gpus,
@@ -454,6 +512,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="lspci path for the PCI cross-check (default: from PATH)",
     )
     parser.add_argument("--no-lspci", action="store_true", help="skip the PCI bus cross-check")
+    parser.add_argument(
+        "--scaling",
+        action="store_true",
+        help="also fit on 1 replica and report speedup and efficiency (speedup / replicas)",
+    )
+    parser.add_argument(
+        "--scaling-threshold",
+        type=positive_float,
+        default=0.75,
+        help="lowest acceptable scaling efficiency, a fraction (default 0.75)",
+    )
+    parser.add_argument(
+        "--mixed-precision",
+        action="store_true",
+        help="fit with the mixed_float16 policy",
+    )
     parser.add_argument("--stack", help="label for this TensorFlow stack, e.g. tf2.12")
     parser.add_argument("--output", metavar="PATH", help="also write the JSON document to PATH")
     parser.add_argument(

@@ -31,6 +31,7 @@ HEADERS = [
     "loss start→end",
     "fit s",
     "samples/s",
+    "scaling eff.",
     "disk GiB",
     "mode",
     "problems",
@@ -154,6 +155,7 @@ def test_rows_show_loaded_versions_and_columns() -> None:
         "loss": "2.403→0.595",
         "fit_seconds": "3.21",
         "samples_per_second": "1234.6",
+        "efficiency": "-",
         "disk_gib": "6.50",
         "mode": "gpu",
         "problems": "",
@@ -237,7 +239,7 @@ def test_report_files(tmp_path: Path) -> None:
     assert md.startswith("# GPU fleet report — run 42")
     assert "| " + " | ".join(HEADERS) + " |" in md
     assert (
-        "| gpu01 (tf2.12) | PASS | 520.61.05 | 11.8 | 8.6.0 | 2.12.1 | 2/2 | 2 | 2.403→0.595 | 3.21 | 1234.6 | 6.50 | gpu |  |"
+        "| gpu01 (tf2.12) | PASS | 520.61.05 | 11.8 | 8.6.0 | 2.12.1 | 2/2 | 2 | 2.403→0.595 | 3.21 | 1234.6 | - | 6.50 | gpu |  |"
         in md
     )
     assert "/usr/lib/x \\| y" in md  # a pipe in a cause must not break the table

@@ -297,3 +297,24 @@ def test_real_gpu_verify_cpu_replicas(tmp_path: Path) -> None:
     fit = doc["fit"]
     assert fit["ok"] is True and fit["num_replicas_in_sync"] == 2 and fit["loss_end"] < fit["loss_start"]
     assert doc["tensorflow"]["version"] and not [p for p in doc["problems"] if p["check"] in ("fit", "tensorflow")]
+
+
+def test_scaling_efficiency_below_threshold_is_a_problem():
+    fit_all = {"ok": True, "num_replicas_in_sync": 2, "steady_samples_per_second": 1100.0}
+    result = gpu_verify.scaling_result(fit_all, {"ok": True, "steady_samples_per_second": 1000.0}, 0.75)
+    assert (result["speedup"], result["efficiency"], result["ok"]) == (1.1, 0.55, False)
+    assert result["problems"][0]["cause"] == (
+        "Scaling efficiency 0.55 on 2 replicas (1.10x the 1-replica throughput) is below 0.75."
+    )
+
+
+def test_scaling_efficiency_at_threshold_passes():
+    fit_all = {"ok": True, "num_replicas_in_sync": 2, "steady_samples_per_second": 1900.0}
+    result = gpu_verify.scaling_result(fit_all, {"ok": True, "steady_samples_per_second": 1000.0}, 0.75)
+    assert (result["efficiency"], result["ok"], result["problems"]) == (0.95, True, [])
+
+
+def test_scaling_baseline_failure_is_named():
+    fit_all = {"ok": True, "num_replicas_in_sync": 2, "samples_per_second": 900.0}
+    result = gpu_verify.scaling_result(fit_all, {"ok": False, "error": "OOM"}, 0.75)
+    assert result["problems"][0]["cause"] == "The 1-replica baseline fit failed: OOM."
