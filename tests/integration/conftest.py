@@ -11,10 +11,13 @@ from pathlib import Path
 
 import pytest
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from ansible_run import run_playbook
+
 ROOT = Path(__file__).resolve().parents[2]
 IMAGE = os.environ.get("GPU_SANDBOX_IMAGE", "localhost/gpu-sandbox-debian:12")
 STANDINS = ROOT / "build/standins"
-ANSIBLE_PLAYBOOK = str(Path(sys.executable).with_name("ansible-playbook"))
 
 
 @pytest.fixture
@@ -57,18 +60,4 @@ def fresh_host(tmp_path):
 
 def site(inventory: Path, *extra: str, playbook: str = "site.yml") -> subprocess.CompletedProcess:
     """Run ``playbook`` (relative to the project) against ``inventory`` with extra arguments."""
-    # JSON results keep each message on one line (the YAML format folds long ones).
-    env = dict(
-        os.environ,
-        ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"),
-        ANSIBLE_FORCE_COLOR="0",
-        ANSIBLE_CALLBACK_RESULT_FORMAT="json",
-    )
-    return subprocess.run(
-        [ANSIBLE_PLAYBOOK, str(ROOT / playbook), "-i", str(inventory), *extra],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        timeout=900,
-    )
+    return run_playbook(playbook, inventory, *extra)

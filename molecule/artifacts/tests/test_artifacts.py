@@ -19,7 +19,9 @@ import testinfra
 
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "tests/fixtures/mirror"))
+sys.path.insert(0, str(ROOT / "tests"))
 
+from ansible_run import run_playbook
 from counting_mirror import CountingMirror
 
 STANDINS = ROOT / "build/standins"
@@ -43,30 +45,15 @@ def mirror():
 
 
 def _site(controller_dir: Path, mirror_url: str) -> subprocess.CompletedProcess:
-    env = dict(
-        os.environ,
-        ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"),
-        ANSIBLE_CALLBACK_RESULT_FORMAT="json",
-        ANSIBLE_FORCE_COLOR="0",
-    )
-    return subprocess.run(
-        [
-            str(Path(sys.executable).with_name("ansible-playbook")),
-            str(ROOT / "site.yml"),
-            "-i",
-            os.environ["MOLECULE_INVENTORY_FILE"],
-            "--skip-tags",
-            "tf_venv,gpu_verify",
-            "-e",
-            f"gpu_artifacts_controller_dir={controller_dir}",
-            "-e",
-            f"gpu_artifacts_mirror_url={mirror_url}",
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        timeout=900,
+    return run_playbook(
+        "site.yml",
+        os.environ["MOLECULE_INVENTORY_FILE"],
+        "--skip-tags",
+        "tf_venv,gpu_verify",
+        "-e",
+        f"gpu_artifacts_controller_dir={controller_dir}",
+        "-e",
+        f"gpu_artifacts_mirror_url={mirror_url}",
     )
 
 

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(ROOT / "tests"))
+
+from ansible_run import run_playbook
+
 CUDA = "/usr/local/cuda-11.8"
 VENV = "/opt/tensorflow/2.12"
 
@@ -134,24 +137,13 @@ def test_report_for_people_and_ci_dashboards():
 
 def test_more_gpus_expected_than_seen_fails_verification(tmp_path):
     """playbooks/verify.yml on its own, with the inventory expecting 3 GPUs on a 2-GPU host."""
-    # JSON results keep each message on one line (the YAML format folds long ones).
-    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_CALLBACK_RESULT_FORMAT="json")
-    out = subprocess.run(
-        [
-            str(Path(sys.executable).with_name("ansible-playbook")),
-            str(ROOT / "playbooks/verify.yml"),
-            "-i",
-            os.environ["MOLECULE_INVENTORY_FILE"],
-            "-e",
-            "gpu_verify_expected_gpu_count=3",
-            "-e",
-            f"gpu_verify_report_dir={tmp_path}",
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        timeout=600,
+    out = run_playbook(
+        "playbooks/verify.yml",
+        os.environ["MOLECULE_INVENTORY_FILE"],
+        "-e",
+        "gpu_verify_expected_gpu_count=3",
+        "-e",
+        f"gpu_verify_report_dir={tmp_path}",
     )
     assert out.returncode != 0
     assert "Expected 3 GPUs, nvidia-smi sees 2 (1 missing)" in out.stdout

@@ -17,6 +17,10 @@ import pytest
 import testinfra
 
 ROOT = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(ROOT / "tests"))
+
+from ansible_run import run_playbook
+
 BAD_HOSTS = ["tf215-cudnn86", "cuda122-drv525", "tf217-cc52", "py312", "noexec", "disk"]
 INSTALLED_PATHS = [
     "/usr/local/cuda-11.8",
@@ -29,27 +33,7 @@ INSTALLED_PATHS = [
 
 
 def _playbook(playbook: str, limit: str) -> subprocess.CompletedProcess:
-    env = dict(
-        os.environ,
-        ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"),
-        ANSIBLE_CALLBACK_RESULT_FORMAT="json",
-        ANSIBLE_FORCE_COLOR="0",
-    )
-    return subprocess.run(
-        [
-            str(Path(sys.executable).with_name("ansible-playbook")),
-            str(ROOT / playbook),
-            "-i",
-            os.environ["MOLECULE_INVENTORY_FILE"],
-            "--limit",
-            limit,
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        timeout=900,
-    )
+    return run_playbook(playbook, os.environ["MOLECULE_INVENTORY_FILE"], "--limit", limit)
 
 
 @pytest.fixture(scope="module")
