@@ -295,6 +295,54 @@ def run_fit_subprocess(fit_argv: Sequence[str], timeout: float, fit_script: str)
     return result
 
 
+def parse_samples(text: str) -> dict[str, dict[str, Any]]:
+    """Lines of ``nvidia-smi --query-gpu=index,utilization.gpu,memory.used
+    --format=csv,noheader,nounits -lms N`` -> ``{index: {utilization_gpu_peak_pct,
+    memory_used_peak_mib, samples}}``; lines that do not parse (``[N/A]``, a cut last line) are skipped."""
+    peaks: dict[str, dict[str, Any]] = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.split(",")]
+        if len(cells) != 3 or not all(c.isdigit() for c in cells):
+            continue
+        index, util, used = cells[0], int(cells[1]), int(cells[2])
+        peak = peaks.setdefault(index, {"utilization_gpu_peak_pct": 0, "memory_used_peak_mib": 0, "samples": 0})
+        peak["utilization_gpu_peak_pct"] = max(peak["utilization_gpu_peak_pct"], util)
+        peak["memory_used_peak_mib"] = max(peak["memory_used_peak_mib"], used)
+        peak["samples"] += 1
+    return peaks
+
+
+class UtilisationSampler:
+    """Sample utilisation and memory of every GPU with ``nvidia-smi ... -lms interval_ms`` while
+    the fit runs (nvidia-smi's own loop; source: nvidia-smi --help, -lms). ``stop()`` returns
+    :func:`parse_samples` of what it printed, or None when nvidia-smi could not be started."""
+
+    def __init__(self, nvidia_smi: str, interval_ms: int = 500) -> None:
+        self.command = [
+            nvidia_smi,
+            "--query-gpu=index,utilization.gpu,memory.used",
+            "--format=csv,noheader,nounits",
+            "-lms",
+            str(interval_ms),
+        ]
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        try:
+            self.proc = subprocess.Popen(
+                self.command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True
+            )
+        except OSError:
+            self.proc = None
+
+    def stop(self) -> dict[str, dict[str, Any]] | None:
+        if self.proc is None:
+            return None
+        kill_group(self.proc)
+        stdout, _ = self.proc.communicate()
+        return parse_samples(stdout or "")
+
+
 def scaling_result(fit_all: dict[str, Any], fit_one: dict[str, Any], threshold: float) -> dict[str, Any]:
     """Compare the steady throughput (samples/s without the first epoch) of the fit on all replicas
     with the same fit on one replica: speedup = all / one, efficiency = speedup / replicas.
@@ -369,11 +417,16 @@ def verify(args: argparse.Namespace) -> dict[str, Any]:
     ]
     if args.mixed_precision:
         fit_argv.append("--mixed-precision")
-    fit = run_fit_subprocess(
-        fit_argv + (["--expected-replicas", str(expected_replicas)] if expected_replicas > 0 else []),
-        args.timeout,
-        args.fit_script,
-    )
+    sampler = UtilisationSampler(args.nvidia_smi)
+    sampler.start()
+    try:
+        fit = run_fit_subprocess(
+            fit_argv + (["--expected-replicas", str(expected_replicas)] if expected_replicas > 0 else []),
+            args.timeout,
+            args.fit_script,
+        )
+    finally:
+        utilisation = sampler.stop()
     scaling = None
     if args.scaling and fit.get("ok") and (fit.get("num_replicas_in_sync") or 0) > 1:
         single = run_fit_subprocess(fit_argv + ["--use-replicas", "1"], args.timeout, args.fit_script)
@@ -410,6 +463,7 @@ def verify(args: argparse.Namespace) -> dict[str, Any]:
         "tensorflow": tf_info,
         "fit": fit,
         "scaling": scaling,
+        "utilisation": utilisation,
         "problems": problems,
         "expected": {
             "gpus": args.expected_gpus,

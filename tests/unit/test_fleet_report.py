@@ -307,3 +307,15 @@ def test_junit_has_a_case_per_host_and_check_and_the_failure():
     failed = [(c.get("classname"), c.get("name")) for c in cases if c.find("failure") is not None]
     assert failed == [("gpu02 (tf2.12)", "libcudnn")]
     assert (suite.get("tests"), suite.get("failures")) == (str(len(cases)), "1")
+
+
+def test_peak_utilisation_per_gpu_in_the_notes():
+    doc = dict(
+        passing_doc(),
+        utilisation={
+            "1": {"utilization_gpu_peak_pct": 95, "memory_used_peak_mib": 30000},
+            "0": {"utilization_gpu_peak_pct": 97, "memory_used_peak_mib": 30512},
+        },
+    )
+    notes = fleet_report.build_report({"gpu01": [doc]}, None)["hosts"]["gpu01"]["mode_notes"]
+    assert "peak per GPU during the fit: GPU 0 97% 30512 MiB, GPU 1 95% 30000 MiB" in notes

@@ -318,3 +318,17 @@ def test_scaling_baseline_failure_is_named():
     fit_all = {"ok": True, "num_replicas_in_sync": 2, "samples_per_second": 900.0}
     result = gpu_verify.scaling_result(fit_all, {"ok": False, "error": "OOM"}, 0.75)
     assert result["problems"][0]["cause"] == "The 1-replica baseline fit failed: OOM."
+
+
+def test_parse_samples_keeps_the_peak_per_gpu():
+    text = "0, 10, 1000\n1, 0, 500\n0, 97, 30512\n1, 95, 30000\n0, [N/A], 12\n1, 5"
+    assert gpu_verify.parse_samples(text) == {
+        "0": {"utilization_gpu_peak_pct": 97, "memory_used_peak_mib": 30512, "samples": 2},
+        "1": {"utilization_gpu_peak_pct": 95, "memory_used_peak_mib": 30000, "samples": 2},
+    }
+
+
+def test_sampler_without_nvidia_smi_reports_nothing():
+    sampler = gpu_verify.UtilisationSampler("/nonexistent/nvidia-smi")
+    sampler.start()
+    assert sampler.stop() is None

@@ -117,6 +117,18 @@ def host_problems(doc: Any) -> list[dict[str, str]]:
     return problems
 
 
+def _utilisation_note(samples: Any) -> str | None:
+    """'peak per GPU during the fit: GPU 0 97% 30512 MiB, ...' from gpu_verify's ``utilisation``."""
+    if not isinstance(samples, dict) or not samples:
+        return None
+    parts = [
+        f"GPU {index} {peak.get('utilization_gpu_peak_pct')}% {peak.get('memory_used_peak_mib')} MiB"
+        for index, peak in sorted(samples.items(), key=lambda item: int(item[0]) if str(item[0]).isdigit() else 0)
+        if isinstance(peak, dict)
+    ]
+    return "peak per GPU during the fit: " + ", ".join(parts)
+
+
 def _disk_gib(used: Any) -> str:
     """Sum of ``disk_used_bytes`` ({path: bytes}: toolkits, venv, artifact cache) in GiB, or '-'."""
     if not isinstance(used, dict) or not used:
@@ -159,6 +171,7 @@ def build_row(host: str, doc: Any) -> dict[str, Any]:
         "problems": ("TIMED OUT " if _get(doc, "fit", "timed_out") else "") + problems_cell,
         "_problems": problems,
         "_mode_note": _get(doc, "mode_note"),
+        "_utilisation": _utilisation_note(_get(doc, "utilisation")),
         "_overridden": [
             f"preflight check {p.get('check')} overridden: {p.get('cause')}"
             for p in (_get(doc, "preflight_overridden") or [])
@@ -184,7 +197,8 @@ def build_report(results: dict[str, Any], run_id: str | None, now: datetime.date
             "rows": [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows],
             "problems": [dict(p, stack=r["host"]) for r in rows for p in r["_problems"]],
             "mode_notes": sorted({r["_mode_note"] for r in rows if r["_mode_note"]})
-            + sorted({note for r in rows for note in r["_overridden"]}),
+            + sorted({note for r in rows for note in r["_overridden"]})
+            + [r["_utilisation"] for r in rows if r["_utilisation"]],
             "results": docs,
         }
     passed = sum(1 for h in hosts.values() if h["status"] == "PASS")
