@@ -17,7 +17,11 @@ PYTEST_UNIT := tests/unit
 help:
 	@echo "make demo        provision and verify the sandbox host, print the fleet report"
 	@echo "make demo-clean  remove the sandbox container"
-	@echo "make test        lint + unit tests + Molecule default scenario + bad-input tests"
+	@echo "make test        everything below, in order"
+	@echo "make lint        yamllint, ansible-lint (production), ruff"
+	@echo "make unit        pytest tests/unit"
+	@echo "make molecule    Molecule scenarios default, preflight, artifacts"
+	@echo "make integration bad inputs, air-gap bundle, HTML report in Chromium"
 
 deps:
 	tools/install-host-deps.sh

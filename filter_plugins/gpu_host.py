@@ -14,11 +14,25 @@ hardware advice (mixed models, PCIe width, NVLink) is the project's seed guidanc
 
 from __future__ import annotations
 
+import difflib
 import posixpath
 import re
 from typing import Any
 
 MIB = 1024 * 1024
+HOST_CHECKS = (
+    "os",
+    "disk",
+    "noexec",
+    "nouveau",
+    "secure_boot",
+    "kernel_headers",
+    "gpus_busy",
+    "installer_running",
+    "mixed_models",
+    "pcie_width",
+    "nvlink",
+)
 
 
 def mount_for(path: str, mounts: list[dict]) -> dict | None:
@@ -45,6 +59,11 @@ def findmnt_mounts(data: dict) -> list[dict]:
     ]
 
 
+def _target(want: dict) -> str:
+    """What to move: 'cuda_toolkit_tmpdir (CUDA installer scratch)' or 'the <purpose> folder'."""
+    return f"{want['variable']} ({want['purpose']})" if want.get("variable") else f"the {want['purpose']} folder"
+
+
 def _mib(value: float) -> str:
     return f"{value / MIB:,.0f} MiB"
 
@@ -58,8 +77,9 @@ def check_host(facts: dict, settings: dict | None = None) -> dict:
             supported_os: {distribution: [major versions or full versions such as '22.04']},
             manage_kernel: bool,            # the driver role builds kernel modules here
             mounts: [{mount, options, size_available}] (findmnt_mounts),
-            space: [{path, need_bytes, purpose}],   # free space wanted where things land
-            exec_paths: [{path, purpose}],          # installer scratch folders (must allow exec)
+            space: [{path, need_bytes, purpose, variable?}],  # free space wanted where things land
+            exec_paths: [{path, purpose, variable?}],  # installer scratch folders (must allow exec);
+                                                       # variable: the setting that moves the folder
             proc_modules: str,               # text of /proc/modules ('' when unreadable)
             secure_boot: str | None,         # stdout of `mokutil --sb-state`, None when absent
             signing_key: bool,               # a module signing key is configured
@@ -106,7 +126,7 @@ def check_host(facts: dict, settings: dict | None = None) -> dict:
                 "disk",
                 f"{want['path']} ({want['purpose']}) is on {mount['mount']} with {_mib(free)} free; "
                 f"{_mib(want['need_bytes'])} is needed.",
-                f"Free space on {mount['mount']}, or point the {want['purpose']} folder at a larger disk.",
+                f"Free space on {mount['mount']}, or point {_target(want)} at a larger disk.",
             )
     for want in facts.get("exec_paths") or []:
         mount = mount_for(want["path"], mounts)
@@ -115,7 +135,7 @@ def check_host(facts: dict, settings: dict | None = None) -> dict:
                 "noexec",
                 f"{want['path']} ({want['purpose']}) is on {mount['mount']}, mounted noexec; "
                 "NVIDIA's installers run programs from it.",
-                f"Point the {want['purpose']} folder at a file system mounted with exec.",
+                f"Point {_target(want)} at a file system mounted with exec.",
             )
 
     if facts.get("manage_kernel"):
@@ -197,7 +217,20 @@ def check_host(facts: dict, settings: dict | None = None) -> dict:
         )
 
     skip = set(settings.get("skip_checks") or [])
-    overridden = [p for p in problems if settings.get("allow_unsupported") or p["check"] in skip]
+    for name in sorted(skip - set(HOST_CHECKS)):
+        close = difflib.get_close_matches(name, HOST_CHECKS, n=1)
+        problems.append(
+            {
+                "check": "skip_checks",
+                "cause": f"gpu_preflight_skip_checks names an unknown check {name!r}"
+                + (f" (did you mean {close[0]!r}?)." if close else "."),
+                "fix": f"Use the names {', '.join(HOST_CHECKS)}, as a list: "
+                '-e \'{"gpu_preflight_skip_checks": ["disk"]}\'.',
+            }
+        )
+    overridden = [
+        p for p in problems if p["check"] != "skip_checks" and (settings.get("allow_unsupported") or p["check"] in skip)
+    ]
     problems = [p for p in problems if p not in overridden]
     return {"ok": not problems, "problems": problems, "warnings": warnings, "overridden": overridden}
 
@@ -242,7 +275,12 @@ def space_needs(stacks: list[dict], driver: dict | None, present: dict, paths: d
     needs = []
     if files:
         needs.append(
-            {"path": paths["cache_dir"], "need_bytes": sum(size(f) for f in files), "purpose": "artifact cache"}
+            {
+                "path": paths["cache_dir"],
+                "need_bytes": sum(size(f) for f in files),
+                "purpose": "artifact cache",
+                "variable": "gpu_artifacts_host_cache_dir",
+            }
         )
     if cuda_todo:
         runfiles = [s["cuda_toolkit"]["runfile"] for s in cuda_todo.values()]
@@ -251,6 +289,7 @@ def space_needs(stacks: list[dict], driver: dict | None, present: dict, paths: d
                 "path": paths["cuda_tmpdir"],
                 "need_bytes": max(size(r) for r in runfiles),
                 "purpose": "CUDA installer scratch",
+                "variable": "cuda_toolkit_tmpdir",
             }
         )
         installed = sum(
@@ -264,11 +303,19 @@ def space_needs(stacks: list[dict], driver: dict | None, present: dict, paths: d
                 "path": paths["driver_tmpdir"],
                 "need_bytes": size(driver["runfile"]),
                 "purpose": "driver installer scratch",
+                "variable": "nvidia_driver_tmpdir",
             }
         )
     venvs = [s["venv"] for s in stacks if s["venv"] not in present.get("venvs", [])]
     if venvs:
-        needs.append({"path": venvs[0], "need_bytes": VENV_BYTES * len(venvs), "purpose": "TensorFlow venvs"})
+        needs.append(
+            {
+                "path": venvs[0],
+                "need_bytes": VENV_BYTES * len(venvs),
+                "purpose": "TensorFlow venvs",
+                "variable": "the stack's venv",
+            }
+        )
     floor = int(floor_mib) * MIB
     return [dict(n, need_bytes=max(n["need_bytes"], floor)) for n in needs]
 

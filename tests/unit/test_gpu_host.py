@@ -222,11 +222,27 @@ def test_space_needs_for_a_bare_host():
             "path": "/var/cache/gpu-artifacts",
             "need_bytes": 4 * GIB + gpu_host.DEFAULT_RUNFILE_BYTES + 300 * 1024 * 1024,
             "purpose": "artifact cache",
+            "variable": "gpu_artifacts_host_cache_dir",
         },
-        {"path": "/var/tmp/cuda", "need_bytes": 4 * GIB, "purpose": "CUDA installer scratch"},
+        {
+            "path": "/var/tmp/cuda",
+            "need_bytes": 4 * GIB,
+            "purpose": "CUDA installer scratch",
+            "variable": "cuda_toolkit_tmpdir",
+        },
         {"path": "/usr/local/cuda-11.8", "need_bytes": 10 * GIB, "purpose": "CUDA toolkits"},
-        {"path": "/var/tmp/drv", "need_bytes": 300 * 1024 * 1024, "purpose": "driver installer scratch"},
-        {"path": "/opt/tensorflow/2.12", "need_bytes": gpu_host.VENV_BYTES, "purpose": "TensorFlow venvs"},
+        {
+            "path": "/var/tmp/drv",
+            "need_bytes": 300 * 1024 * 1024,
+            "purpose": "driver installer scratch",
+            "variable": "nvidia_driver_tmpdir",
+        },
+        {
+            "path": "/opt/tensorflow/2.12",
+            "need_bytes": gpu_host.VENV_BYTES,
+            "purpose": "TensorFlow venvs",
+            "variable": "the stack's venv",
+        },
     ]
 
 
@@ -237,7 +253,14 @@ def test_space_needs_nothing_on_a_provisioned_host():
 
 def test_space_floor_threshold_applies_to_every_location():
     needs = gpu_host.space_needs([STACK], None, {"cuda_roots": ["/usr/local/cuda-11.8"]}, PATHS, floor_mib=10**7)
-    assert needs == [{"path": "/opt/tensorflow/2.12", "need_bytes": 10**7 * 1024 * 1024, "purpose": "TensorFlow venvs"}]
+    assert needs == [
+        {
+            "path": "/opt/tensorflow/2.12",
+            "need_bytes": 10**7 * 1024 * 1024,
+            "purpose": "TensorFlow venvs",
+            "variable": "the stack's venv",
+        }
+    ]
 
 
 def test_compute_apps_parses_nvidia_smi_rows():
@@ -282,3 +305,22 @@ def test_installer_of_an_interrupted_run_stops_the_host():
             "fix": "Wait for it to finish (or stop it), then rerun; the rerun skips what it completed.",
         }
     ]
+
+
+def test_unknown_skip_check_is_named_with_a_suggestion():
+    result = gpu_host.check_host(facts(), {"skip_checks": ["dsik"]})
+    assert not result["ok"]
+    assert (
+        result["problems"][0]["cause"]
+        == "gpu_preflight_skip_checks names an unknown check 'dsik' (did you mean 'disk'?)."
+    )
+
+
+def test_noexec_fix_names_the_variable():
+    exec_paths = [
+        {"path": "/var/tmp/cuda-installer", "purpose": "CUDA installer scratch", "variable": "cuda_toolkit_tmpdir"}
+    ]
+    result = gpu_host.check_host(facts(mounts=MOUNTS, space=[], exec_paths=exec_paths))
+    assert result["problems"][0]["fix"] == (
+        "Point cuda_toolkit_tmpdir (CUDA installer scratch) at a file system mounted with exec."
+    )

@@ -7,6 +7,7 @@ mirror (loopback, counting requests) serves the stand-ins. TensorFlow and verifi
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shutil
@@ -80,7 +81,8 @@ def test_checksum_mismatch_on_the_mirror_stops_both_hosts(tmp_path):
     with CountingMirror(tampered) as bad:
         run = _site(controller_dir, bad.url)
     assert run.returncode != 0
-    assert f"Could not fetch {FILES[1]} from {bad.url}/{FILES[1]}: The checksum for" in run.stdout
+    actual = hashlib.sha256((tampered / FILES[1]).read_bytes()).hexdigest()
+    assert f"The mirror's {bad.url}/{FILES[1]} has sha256 {actual}, but the manifest pins" in run.stdout
     assert "Nothing was installed." in run.stdout
     assert not (controller_dir / FILES[1]).exists(), "a file that failed its checksum was kept"
     for name in HOSTS:

@@ -167,7 +167,7 @@ def build_row(host: str, doc: Any) -> dict[str, Any]:
         "samples_per_second": _num(_get(doc, "fit", "samples_per_second"), 1),
         "efficiency": _num(_get(doc, "scaling", "efficiency"), 2),
         "disk_gib": _disk_gib(_get(doc, "disk_used_bytes")),
-        "mode": _get(doc, "mode") or "-",
+        "mode": (_get(doc, "mode") or "-") + (" fp16" if _get(doc, "fit", "mixed_precision") else ""),
         "problems": ("TIMED OUT " if _get(doc, "fit", "timed_out") else "") + problems_cell,
         "_problems": problems,
         "_mode_note": _get(doc, "mode_note"),
@@ -352,6 +352,7 @@ def _write(path: str, text: str) -> None:
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=folder)
     with os.fdopen(fd, "w", encoding="utf-8") as handle:
         handle.write(text)
+    os.chmod(tmp, 0o644)
     os.replace(tmp, path)
 
 
