@@ -344,6 +344,13 @@ def check_gpus(
     return evaluate(expected, result, nvidia_smi, lspci_bus_ids(lspci, timeout))
 
 
+def add_tool_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add ``--nvidia-smi PATH``, ``--lspci PATH`` and ``--no-lspci`` (shared with gpu_verify.py)."""
+    parser.add_argument("--nvidia-smi", default="nvidia-smi", help="nvidia-smi path (default: from PATH)")
+    parser.add_argument("--lspci", default="lspci", help="lspci path for the PCI cross-check (default: from PATH)")
+    parser.add_argument("--no-lspci", action="store_true", help="skip the PCI bus cross-check")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command-line interface."""
     parser = argparse.ArgumentParser(
@@ -356,17 +363,7 @@ def build_parser() -> argparse.ArgumentParser:
         required=True,
         help="GPUs the inventory expects",
     )
-    parser.add_argument(
-        "--nvidia-smi",
-        default="nvidia-smi",
-        help="nvidia-smi path (default: from PATH)",
-    )
-    parser.add_argument(
-        "--lspci",
-        default="lspci",
-        help="lspci path for the PCI cross-check (default: from PATH)",
-    )
-    parser.add_argument("--no-lspci", action="store_true", help="skip the PCI bus cross-check")
+    add_tool_arguments(parser)
     parser.add_argument(
         "--timeout",
         type=float,

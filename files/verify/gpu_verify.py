@@ -561,17 +561,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=600.0,
         help="seconds the fit may take before its process group is killed (default 600)",
     )
-    parser.add_argument(
-        "--nvidia-smi",
-        default="nvidia-smi",
-        help="nvidia-smi path (default: from PATH)",
-    )
-    parser.add_argument(
-        "--lspci",
-        default="lspci",
-        help="lspci path for the PCI cross-check (default: from PATH)",
-    )
-    parser.add_argument("--no-lspci", action="store_true", help="skip the PCI bus cross-check")
+    gpu_count.add_tool_arguments(parser)
     parser.add_argument(
         "--scaling",
         action="store_true",
@@ -617,13 +607,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point; returns the exit code."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    try:
-        if args.expect_cuda:
-            libraries.cudart_soname(args.expect_cuda)
-        if args.expect_cudnn:
-            libraries.cudnn_soname(args.expect_cudnn)
-    except ValueError as exc:
-        parser.error(str(exc))
+    libraries.check_pin_arguments(parser, args)
     for name in ("per_replica_batch", "steps", "epochs"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")

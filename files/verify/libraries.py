@@ -579,10 +579,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """CLI entry point; returns the exit code."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
+def check_pin_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Reject malformed ``--expect-cuda`` / ``--expect-cudnn`` through ``parser.error`` (exit 2)
+    before any check runs (shared with gpu_verify.py)."""
     try:
         if args.expect_cuda:
             cudart_soname(args.expect_cuda)
@@ -590,6 +589,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             cudnn_soname(args.expect_cudnn)
     except ValueError as exc:
         parser.error(str(exc))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """CLI entry point; returns the exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    check_pin_arguments(parser, args)
     doc = check_libraries(args.expect_cuda, args.expect_cudnn)
     doc["tensorflow"] = None
     if not args.no_tensorflow:
