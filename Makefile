@@ -20,7 +20,7 @@ help:
 	@echo "make test        everything below, in order"
 	@echo "make lint        yamllint, ansible-lint (production), ruff"
 	@echo "make unit        pytest tests/unit"
-	@echo "make molecule    Molecule scenarios default, preflight, artifacts"
+	@echo "make molecule    Molecule scenarios default, preflight, artifacts, faults"
 	@echo "make integration bad inputs, air-gap bundle, HTML report in Chromium"
 
 deps:
@@ -64,6 +64,7 @@ molecule: venv standins image
 	$(BIN)/molecule test -s default
 	$(BIN)/molecule test -s preflight
 	$(BIN)/molecule test -s artifacts
+	$(BIN)/molecule test -s faults
 
 integration: venv standins image
 	$(BIN)/pytest -q tests/integration

@@ -19,19 +19,41 @@ def _failed(cause: str, fix: str, **extra: Any) -> dict:
     return dict({"ok": False, "problems": [{"check": "run", "cause": cause, "fix": fix}]}, **extra)
 
 
+def _stack(run: dict) -> dict:
+    """The stack a loop result ran for: its ``item``, or for an ``async_status`` result the
+    ``item`` of the job it polled."""
+    item = run.get("item") or {}
+    if isinstance(item, dict) and "ansible_job_id" in item:
+        item = item.get("item") or {}
+    return item if isinstance(item, dict) else {}
+
+
+def gpu_verify_stack_name(run: dict) -> str:
+    """Name of the stack a gpu_verify.py loop result (command or async_status) ran for."""
+    return str(_stack(run).get("name", "?"))
+
+
 def gpu_verify_result(run: dict, install_dir: str = "/opt/gpu-verify") -> dict:
-    """Parse one command result (``stdout``, ``stderr``, ``rc``, ``item``) of gpu_verify.py.
+    """Parse one loop result of gpu_verify.py: a command result or, for the multi-worker run, an
+    ``async_status`` result (both carry ``stdout``, ``stderr``, ``rc``; the stack is the ``item``).
 
     ``install_dir`` is where the scripts are on the host (for the hint on running them by hand).
     Returns the script's JSON document (a dict with ``ok`` and ``problems``); never raises.
     """
-    stack = run.get("item") or {}
+    stack = _stack(run)
     if run.get("skipped"):
         venv = stack.get("venv", "?")
         return _failed(
             f"The venv {venv} of stack {stack.get('name')} does not exist on the host.",
             "Run playbooks/tensorflow.yml (or site.yml) first; then verify by hand with "
             f"{venv}/bin/python {install_dir}/gpu_verify.py --expected-gpus N --format table.",
+            stack=stack.get("name"),
+        )
+    if "ansible_job_id" in run and not run.get("finished", 1):
+        return _failed(
+            "gpu_verify.py was still running when Ansible stopped waiting for it "
+            "(gpu_verify_timeout + 120 s); the worker hung outside the fit's own time limit.",
+            "Check the host's load and `ps -ef | grep gpu_verify` there, kill the leftover process, rerun.",
             stack=stack.get("name"),
         )
     stdout = (run.get("stdout") or "").strip()
@@ -97,5 +119,6 @@ class FilterModule:
         return {
             "gpu_verify_result": gpu_verify_result,
             "gpu_verify_collect": gpu_verify_collect,
+            "gpu_verify_stack_name": gpu_verify_stack_name,
             "gpu_du_bytes": gpu_du_bytes,
         }

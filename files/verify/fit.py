@@ -12,6 +12,18 @@ is used on GPUs), all-reduce gradients between replicas and make the loss fall.
   devices cannot be modified after being initialized``), and the devices are passed explicitly
   (``/cpu:0`` ...), because MirroredStrategy prefers GPUs when any exist (section 8.2, item 2).
 
+* ``--multiworker``: ``tf.distribute.MultiWorkerMirroredStrategy()`` over the cluster in the
+  ``TF_CONFIG`` environment variable (TensorFlow's format: ``{"cluster": {"worker": ["host:port",
+  ...]}, "task": {"type": "worker", "index": i}}``; worker 0 is the chief).  TF_CONFIG is checked
+  before TensorFlow is imported; the strategy is created before any other TensorFlow op
+  (TensorFlow's multi-worker guide requires it), after memory growth is set.  Each worker
+  contributes its local GPUs, or one CPU replica when it has no GPU or ``--cpu-replicas`` is > 0
+  (which then only means "fit on the CPU": no logical CPU devices are made).  The creation of the
+  strategy waits until every worker has joined, so every worker must run the same command at the
+  same time.  Every worker builds the same seeded data; ``AutoShardPolicy.DATA`` gives each worker
+  its share of every global batch.  ``num_replicas_in_sync`` counts the replicas of the whole
+  cluster, and throughput is the cluster's.
+
 Data: images whose pixels are noise plus a per-image colour; the label is the dominant colour
 channel, so the model can learn it and the loss really falls.  ``loss_start``/``loss_end`` are
 ``model.evaluate`` on the same data before and after training; ``loss_history`` is the training
@@ -29,6 +41,7 @@ import argparse
 import json
 import math
 import os
+import re
 import sys
 import time
 from collections.abc import Sequence
@@ -36,14 +49,102 @@ from typing import Any
 
 from verify_common import EXIT_CHECK_FAILED, EXIT_OK, Problem, dumps, non_negative_int, positive_int, problem
 
+DEFAULT_LEARNING_RATE = 0.01
 NCCL_HANG_FIX = (
     "check the GPU interconnect with `nvidia-smi topo -m` and `nvidia-smi topo -p2p r`; on PCIe "
     "hosts disable IOMMU/ACS (BIOS or `iommu=pt`), or rerun with NCCL_P2P_DISABLE=1 to confirm a "
     "P2P problem; check `dmesg | grep -i xid`"
 )
+MULTIWORKER_FIX = (
+    "start the same check on every worker at the same time (each waits for all the others), open "
+    "the port gpu_verify_multiworker_port between the hosts (firewall), and check the worker "
+    "addresses in TF_CONFIG (the same `host:port` list, in the same order, on every worker); a "
+    "worker that failed or was killed stops the others, so read every worker's result"
+)
+TF_CONFIG_EXAMPLE = '{"cluster": {"worker": ["gpu01:12345", "gpu02:12345"]}, "task": {"type": "worker", "index": 0}}'
+TF_CONFIG_FIX = (
+    "set TF_CONFIG on every worker to the same worker list and that worker's own index, e.g. "
+    f"TF_CONFIG='{TF_CONFIG_EXAMPLE}' on the first worker (index 0, the chief)"
+)
 
 
 # --- pure logic ---------------------------------------------------------------------------
+
+
+class TFConfigError(ValueError):
+    """TF_CONFIG cannot drive a multi-worker fit; ``cause`` and ``fix`` are one sentence each."""
+
+    def __init__(self, cause: str, fix: str = TF_CONFIG_FIX) -> None:
+        super().__init__(cause)
+        self.cause = cause
+        self.fix = fix
+
+
+def _check_address(address: Any, position: int) -> str:
+    """One ``host:port`` entry of the worker list; raises TFConfigError when it is not one."""
+    if not isinstance(address, str) or ":" not in address or not address.rsplit(":", 1)[0]:
+        raise TFConfigError(f"TF_CONFIG worker {position} is {address!r}, not a 'host:port' address.")
+    port = address.rsplit(":", 1)[1]
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise TFConfigError(f"TF_CONFIG worker {position} is {address!r}: the port must be a number from 1 to 65535.")
+    return address
+
+
+def parse_tf_config(text: str | None) -> dict[str, Any]:
+    """Validate the TF_CONFIG environment variable for a multi-worker fit (no TensorFlow needed).
+
+    Args:
+        text: the variable's value (None when it is not set).
+
+    Returns:
+        ``{"workers": int, "task_index": int, "is_chief": bool, "cluster": [str, ...]}``; the chief
+        is worker 0 (TensorFlow's rule when the cluster has no ``chief`` job).
+
+    Raises:
+        TFConfigError: not set, not JSON, not an object, no ``cluster.worker`` list of distinct
+            ``host:port`` addresses, another job type than ``worker``, or a task that is not
+            ``{"type": "worker", "index": i}`` with ``0 <= i < workers``.
+    """
+    if text is None or not text.strip():
+        raise TFConfigError("--multiworker needs the TF_CONFIG environment variable, and it is not set.")
+    try:
+        config = json.loads(text)
+    except ValueError as exc:
+        raise TFConfigError(f"TF_CONFIG is not valid JSON ({exc}).") from None
+    if not isinstance(config, dict):
+        raise TFConfigError(f"TF_CONFIG is a JSON {type(config).__name__}, not an object.")
+    cluster = config.get("cluster")
+    if not isinstance(cluster, dict) or not cluster.get("worker"):
+        raise TFConfigError("TF_CONFIG has no cluster.worker list of 'host:port' addresses.")
+    others = sorted(str(job) for job in cluster if job != "worker")
+    if others:
+        raise TFConfigError(
+            f"TF_CONFIG's cluster has job types {', '.join(others)}; this check uses only 'worker'.",
+            "list every host under cluster.worker (worker 0 acts as the chief) and drop the other jobs",
+        )
+    workers = cluster["worker"]
+    if not isinstance(workers, list):
+        raise TFConfigError(
+            f"TF_CONFIG cluster.worker is a {type(workers).__name__}, not a list of 'host:port' addresses."
+        )
+    addresses = [_check_address(address, position) for position, address in enumerate(workers)]
+    repeated = sorted({a for a in addresses if addresses.count(a) > 1})
+    if repeated:
+        raise TFConfigError(f"TF_CONFIG lists {', '.join(repeated)} more than once in cluster.worker.")
+    task = config.get("task")
+    if not isinstance(task, dict):
+        raise TFConfigError("TF_CONFIG has no task object naming this worker.")
+    if task.get("type") != "worker":
+        raise TFConfigError(f"TF_CONFIG task type is {task.get('type')!r}; this check needs 'worker'.")
+    index = task.get("index")
+    if isinstance(index, bool) or not isinstance(index, int):
+        raise TFConfigError(f"TF_CONFIG task index is {index!r}, not an integer.")
+    if not 0 <= index < len(addresses):
+        raise TFConfigError(
+            f"TF_CONFIG task index {index} is out of range: cluster.worker has {len(addresses)} "
+            f"addresses (valid indexes 0 to {len(addresses) - 1})."
+        )
+    return {"workers": len(addresses), "task_index": index, "is_chief": index == 0, "cluster": addresses}
 
 
 def plan_batches(per_replica: int, replicas: int) -> int:
@@ -67,11 +168,25 @@ def _finite(value: Any) -> bool:
 
 
 def check_fit(result: dict[str, Any], expected_replicas: int) -> list[Problem]:
-    """Checks on a finished fit: replica count, finite losses, falling loss."""
+    """Checks on a finished fit: replica count, finite losses, falling loss.
+
+    Args:
+        result: the fit document (``num_replicas_in_sync``, ``loss_*``, ``mode``, ``multiworker``).
+        expected_replicas: replicas the fit must have (in multi-worker mode: of the whole cluster).
+
+    Returns:
+        Problems with check ``fit``; empty when the fit passed.
+    """
     problems: list[Problem] = []
     replicas = result.get("num_replicas_in_sync")
     if replicas != expected_replicas:
-        if result.get("mode") == "gpu":
+        if result.get("multiworker"):
+            fix = (
+                "every worker must fit on the same devices: check that each worker sees all its GPUs "
+                "(CUDA_VISIBLE_DEVICES, the library problems above), and pass workers x GPUs per "
+                "worker (workers x 1 on the CPU) to --expected-replicas"
+            )
+        elif result.get("mode") == "gpu":
             fix = (
                 "TensorFlow sees fewer GPUs than expected: check CUDA_VISIBLE_DEVICES, that the "
                 "venv holds a CUDA build of TensorFlow, and the library problems above (a missing "
@@ -93,9 +208,12 @@ def check_fit(result: dict[str, Any], expected_replicas: int) -> list[Problem]:
             problem(
                 "fit",
                 f"Loss is not finite (start {result.get('loss_start')}, end {result.get('loss_end')}, "
-                f"per epoch {result.get('loss_history')}).",
+                f"per epoch {result.get('loss_history')}; learning rate {result.get('learning_rate')}"
+                f"{', mixed_float16' if result.get('mixed_precision') else ''}).",
                 "the device computes garbage: check `dmesg | grep -i xid` for GPU memory errors and "
-                "run `nvidia-smi -q -d ECC`; a cuDNN/driver mismatch can also do this",
+                "run `nvidia-smi -q -d ECC`; a cuDNN/driver mismatch can also do this. If the learning "
+                f"rate was raised from the default {DEFAULT_LEARNING_RATE} (gpu_verify_fit_learning_rate) "
+                "or mixed precision is on, the numbers themselves overflowed: rerun with the defaults",
             )
         )
     elif not result["loss_end"] < result["loss_start"]:
@@ -111,8 +229,32 @@ def check_fit(result: dict[str, Any], expected_replicas: int) -> list[Problem]:
     return problems
 
 
+# Lower-case texts of gRPC and collective failures between workers (TensorFlow 2.x messages).
+MULTIWORKER_MARKERS = (
+    "failed to connect to all addresses",
+    "socket closed",
+    "connection refused",
+    "connection reset",
+    "deadline exceeded",
+    "collective ops is aborted",
+    "collective has timed out",
+    "timed out waiting for",
+    "coordination service",
+    "heartbeat",
+)
+
+
 def classify_exception(type_name: str, message: str) -> tuple[str, str]:
-    """Likely (cause, fix) for an exception raised by the fit, from TensorFlow's error texts."""
+    """Likely (cause, fix) for an exception raised by the fit, from TensorFlow's error texts.
+
+    Args:
+        type_name: the exception's class name, e.g. ``ResourceExhaustedError``.
+        message: ``str(exception)``; only its first line is quoted in the cause (300 characters).
+
+    Returns:
+        ``(cause, fix)``, one sentence each; a generic pair pointing at the traceback when no
+        known text matches.
+    """
     text = message.lower()
     first = message.strip().splitlines()[0][:300] if message.strip() else type_name
     if type_name == "ResourceExhaustedError" or "out of memory" in text or "oom when allocating" in text:
@@ -145,6 +287,33 @@ def classify_exception(type_name: str, message: str) -> tuple[str, str]:
         return (
             f"This TensorFlow wheel has no kernels for the GPU's compute capability ({first}).",
             "pick a TensorFlow version whose wheel supports this GPU (see the version matrix)",
+        )
+    if "could not start grpc server" in text:
+        return (
+            f"This worker could not listen on its own TF_CONFIG address ({type_name}: {first}): the port is "
+            "in use or the address is not one of this host's.",
+            (
+                "free the port (`ss -ltnp` shows who holds it) or choose another "
+                "gpu_verify_multiworker_port, and check that this worker's task index points at this "
+                "host's address in TF_CONFIG"
+            ),
+        )
+    if (
+        type_name in ("UnavailableError", "DeadlineExceededError")
+        or "UNAVAILABLE" in message
+        or "DEADLINE_EXCEEDED" in message
+        or any(marker in text for marker in MULTIWORKER_MARKERS)
+    ):
+        # TensorFlow prefixes the op's name ("{{function_node __wrapped__CollectiveReduceV2...}}").
+        detail = (
+            re.sub(r"^\{\{function_node [^}]*\}\}\s*", "", message.strip().splitlines()[0] if message.strip() else "")[
+                :300
+            ]
+            or first
+        )
+        return (
+            f"A worker of the multi-worker cluster could not be reached or stopped answering ({type_name}: {detail}).",
+            MULTIWORKER_FIX,
         )
     if "nccl" in text:
         return (
@@ -197,11 +366,15 @@ def make_dataset(tf: Any, np: Any, samples: int, image_size: int, global_batch: 
 
 def run_fit(args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
     """Configure devices, build the strategy and model, evaluate/fit/evaluate; returns the result
-    document (``problems`` filled).  Exceptions from TensorFlow are caught and classified."""
+    document (``problems`` filled).  Exceptions from TensorFlow are caught and classified; a bad
+    TF_CONFIG in ``--multiworker`` mode is a ``multiworker`` problem, reported before TensorFlow is
+    imported.  ``multiworker`` in the document is None in single-host mode, else
+    ``{"workers", "task_index", "is_chief", "cluster"}``."""
     mode = "cpu-replicas" if args.cpu_replicas > 0 else "gpu"
     result: dict[str, Any] = {
         "ok": False,
         "mode": mode,
+        "multiworker": None,
         "num_replicas_in_sync": None,
         "expected_replicas": None,
         "devices": [],
@@ -211,6 +384,7 @@ def run_fit(args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
         "steps_per_epoch": args.steps,
         "image_size": args.image_size,
         "seed": args.seed,
+        "learning_rate": args.learning_rate,
         "loss_start": None,
         "loss_end": None,
         "loss_history": [],
@@ -227,8 +401,18 @@ def run_fit(args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
         "problems": [],
     }
     expected = args.expected_replicas
-    if expected is None:
+    if expected is None and not args.multiworker:
         expected = args.cpu_replicas if args.cpu_replicas > 0 else None
+    multiworker: dict[str, Any] | None = None
+    if args.multiworker:
+        try:
+            multiworker = parse_tf_config(os.environ.get("TF_CONFIG"))
+        except TFConfigError as exc:
+            result["error"] = exc.cause
+            result["problems"].append(problem("multiworker", exc.cause, exc.fix))
+            progress.write("error", error=exc.cause)
+            return result
+        result["multiworker"] = multiworker
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     progress.write("import")
     try:
@@ -256,7 +440,12 @@ def run_fit(args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
         gpus = tf.config.list_physical_devices("GPU")
         for gpu in gpus:
             tf.config.experimental.set_memory_growth(gpu, True)
-        if mode == "cpu-replicas":
+        if multiworker is not None:
+            strategy, mode = _multiworker_strategy(tf, gpus, mode, multiworker, progress)
+            result["mode"] = mode
+            if expected is None:
+                expected = multiworker["workers"] * (len(gpus) if mode == "gpu" else 1)
+        elif mode == "cpu-replicas":
             cpus = tf.config.list_physical_devices("CPU")
             tf.config.set_logical_device_configuration(
                 cpus[0],
@@ -292,6 +481,12 @@ def run_fit(args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
         tf.keras.utils.set_random_seed(args.seed)
         samples = global_batch * args.steps
         dataset, _ = make_dataset(tf, np, samples, args.image_size, global_batch, args.seed)
+        if multiworker is not None:
+            # Every worker builds the same in-memory data, so there are no files to shard by: DATA
+            # gives each worker its share of every global batch (and no FILE-sharding warning).
+            options = tf.data.Options()
+            options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+            dataset = dataset.with_options(options)
         with strategy.scope():
             model = tf.keras.Sequential(
                 [
@@ -345,6 +540,33 @@ def run_fit(args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
     return result
 
 
+def _multiworker_strategy(
+    tf: Any, gpus: list[Any], mode: str, multiworker: dict[str, Any], progress: Progress
+) -> tuple[Any, str]:
+    """Create ``MultiWorkerMirroredStrategy`` from TF_CONFIG; must run before any other op.
+
+    Returns ``(strategy, mode)``: mode ``gpu`` when the worker fits on its local GPUs,
+    ``cpu-replicas`` when it fits on its CPU (one replica) because it has no GPU or ``mode`` asked
+    for the CPU.  Blocks until every worker in TF_CONFIG has joined (the caller's time limit
+    ends a wait for a worker that never comes).
+
+    Raises:
+        tf.errors.OpError: the cluster could not be formed (e.g. an address that cannot be bound).
+    """
+    if mode == "cpu-replicas" and gpus:
+        # MultiWorkerMirroredStrategy takes every visible GPU; hidden GPUs leave the CPU.
+        tf.config.set_visible_devices([], "GPU")
+    if not gpus:
+        mode = "cpu-replicas"
+    progress.write(
+        "multiworker-join",
+        workers=multiworker["workers"],
+        task_index=multiworker["task_index"],
+        cluster=multiworker["cluster"],
+    )
+    return tf.distribute.MultiWorkerMirroredStrategy(), mode
+
+
 def _scalar_loss(value: Any) -> float:
     """``model.evaluate`` returns a float without metrics, a list with them (Keras 2 and 3)."""
     if isinstance(value, (list, tuple)):
@@ -356,14 +578,22 @@ def build_parser() -> argparse.ArgumentParser:
     """The command-line interface."""
     parser = argparse.ArgumentParser(
         description="Run a short MirroredStrategy fit (conv net, random learnable data) on all "
-        "GPUs or on N logical CPU devices; print the result as JSON.",
+        "GPUs or on N logical CPU devices, or a MultiWorkerMirroredStrategy fit over the workers "
+        "in TF_CONFIG (--multiworker); print the result as JSON.",
         epilog="Exit codes: 0 all checks passed, 1 a check failed or the fit raised, 2 usage error.",
     )
     parser.add_argument(
         "--cpu-replicas",
         type=non_negative_int,
         default=0,
-        help="0 = one replica per GPU (default); N = split the CPU into N logical devices",
+        help="0 = one replica per GPU (default); N = split the CPU into N logical devices; with "
+        "--multiworker any N > 0 means fit on the CPU, one replica per worker",
+    )
+    parser.add_argument(
+        "--multiworker",
+        action="store_true",
+        help="fit with MultiWorkerMirroredStrategy over the workers in the TF_CONFIG environment "
+        "variable; run the same command on every worker at the same time",
     )
     parser.add_argument(
         "--use-replicas",
@@ -380,7 +610,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--expected-replicas",
         type=positive_int,
         default=None,
-        help="replicas the fit must have (default: --cpu-replicas, or the GPUs TensorFlow sees)",
+        help="replicas the fit must have (default: --cpu-replicas, or the GPUs TensorFlow sees; "
+        "with --multiworker: workers x GPUs per worker, or workers on the CPU)",
     )
     parser.add_argument(
         "--per-replica-batch",
@@ -399,7 +630,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--learning-rate",
         type=float,
-        default=0.01,
+        default=DEFAULT_LEARNING_RATE,
         help="Adam learning rate (default 0.01)",
     )
     parser.add_argument(
@@ -417,6 +648,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.image_size < 3:
         build_parser().error("--image-size must be >= 3 (the convolution is 3x3)")
+    if args.multiworker and args.use_replicas:
+        build_parser().error("--use-replicas does not apply with --multiworker (every worker uses all its devices)")
     sys.stdout.flush()
     saved_stdout = os.dup(1)
     os.dup2(2, 1)

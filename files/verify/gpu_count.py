@@ -22,6 +22,7 @@ Result (JSON on stdout)::
      "devices": [{"index": 0, "name": "...", "uuid": "GPU-...", "pci_bus_id": "00000000:17:00.0",
                   "memory_total_mib": 81920}],
      "pci_bus_ids": ["00000000:17:00.0", ...] or null, "missing_bus_ids": [...],
+     "module_version": "520.61.05" or null (loaded kernel module, /proc/driver/nvidia/version),
      "ok": true, "error": null, "problems": []}
 
 Exit codes: 0 the count matches, 1 it does not (or nvidia-smi failed), 2 usage error.
@@ -54,6 +55,9 @@ NVIDIA_SMI_EXIT_MEANINGS = {
     13: "local version of NVML doesn't implement this function",
     14: "infoROM is corrupted",
     15: "the GPU has fallen off the bus or has otherwise become inaccessible",
+    # Not in the man page's list; what nvidia-smi returns with "Failed to initialize NVML:
+    # Driver/library version mismatch" (NVML_ERROR_LIB_RM_VERSION_MISMATCH = 18, nvml.h).
+    18: "the loaded kernel module and the user-space driver libraries have different versions",
     255: "other error or internal driver error",
 }
 
@@ -67,6 +71,47 @@ FIX_EXTRA = (
     "gpu_verify_expected_gpu_count for this host, or check CUDA_VISIBLE_DEVICES/MIG if fewer "
     "were meant to be visible"
 )
+
+
+PROC_DRIVER_VERSION = "/proc/driver/nvidia/version"
+MODULE_VERSION_RE = re.compile(r"Kernel Module(?: for \S+)?\s+(\d+\.\d+(?:\.\d+)?)")
+NVML_LIBRARY_VERSION_RE = re.compile(r"NVML library version:\s*(\d+\.\d+(?:\.\d+)?)")
+FIX_MISMATCH = (
+    "reboot, so the kernel module of the installed driver loads (after a driver install or upgrade "
+    "the old module stays loaded); without a reboot, stop every GPU process and reload the modules: "
+    "`rmmod nvidia_uvm nvidia_drm nvidia_modeset nvidia && modprobe nvidia`"
+)
+
+
+def parse_module_version(text: str) -> str | None:
+    """Version of the loaded NVIDIA kernel module from ``/proc/driver/nvidia/version`` text
+    ("NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.104.05  ..." or, for the open modules,
+    "... Open Kernel Module for x86_64  535.104.05 ..."), or None."""
+    match = MODULE_VERSION_RE.search(text or "")
+    return match.group(1) if match else None
+
+
+def loaded_module_version(path: str = PROC_DRIVER_VERSION) -> str | None:
+    """The loaded kernel module's version (:func:`parse_module_version` of ``path``), or None when
+    no module is loaded or the file is not readable (containers)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return parse_module_version(handle.read())
+    except OSError:
+        return None
+
+
+def mismatch_problem(module_version: str | None, user_space: str | None, output: str = "") -> Problem:
+    """Driver/library version mismatch: the loaded kernel module differs from user space."""
+    module = module_version or f"unknown (see {PROC_DRIVER_VERSION})"
+    user = user_space or "unknown"
+    quoted = f' (nvidia-smi: "{tail(output, 200).strip()}")' if output.strip() else ""
+    return problem(
+        "driver",
+        f"Driver/library version mismatch: the loaded kernel module is {module}, the user-space driver "
+        f"(NVML, libcuda) is {user}{quoted}.",
+        FIX_MISMATCH,
+    )
 
 
 class CommandResult(NamedTuple):
@@ -191,8 +236,11 @@ def count_problem(expected: int, seen: int, missing_bus_ids: Sequence[str] = ())
     )
 
 
-def failure_problem(nvidia_smi: str, result: CommandResult, expected: int) -> Problem:
-    """Describe why nvidia-smi gave no usable answer (not found, timeout, non-zero exit)."""
+def failure_problem(
+    nvidia_smi: str, result: CommandResult, expected: int, module_version: str | None = None
+) -> Problem:
+    """Describe why nvidia-smi gave no usable answer (not found, timeout, non-zero exit).
+    ``module_version`` is the loaded kernel module's version when known (for the mismatch case)."""
     if result.error == "not-found":
         return problem(
             "gpu_count",
@@ -207,6 +255,9 @@ def failure_problem(nvidia_smi: str, result: CommandResult, expected: int) -> Pr
         )
     output = (result.stdout + result.stderr).strip()
     meaning = NVIDIA_SMI_EXIT_MEANINGS.get(result.rc or 0, "unknown failure")
+    if result.rc == 18 or "driver/library version mismatch" in output.lower():
+        match = NVML_LIBRARY_VERSION_RE.search(output)
+        return mismatch_problem(module_version, match.group(1) if match else None, output)
     if result.rc == 6 or "no devices were found" in output.lower():
         return problem(
             "gpu_count",
@@ -238,6 +289,7 @@ def evaluate(
     result: CommandResult,
     nvidia_smi: str = "nvidia-smi",
     pci_bus_ids: Sequence[str] | None = None,
+    module_version: str | None = None,
 ) -> dict[str, Any]:
     """Turn nvidia-smi's answer into the result document (pure: no I/O).
 
@@ -246,6 +298,8 @@ def evaluate(
         result: what running nvidia-smi gave.
         nvidia_smi: the path used, for messages.
         pci_bus_ids: NVIDIA GPU bus IDs seen by lspci, or None when lspci was not run.
+        module_version: the loaded kernel module's version (``/proc/driver/nvidia/version``), or
+            None when unknown; a value that differs from nvidia-smi's driver version is a problem.
     """
     doc: dict[str, Any] = {
         "expected": expected,
@@ -256,6 +310,7 @@ def evaluate(
         "devices": [],
         "pci_bus_ids": list(pci_bus_ids) if pci_bus_ids is not None else None,
         "missing_bus_ids": [],
+        "module_version": module_version,
         "ok": False,
         "error": None,
         "problems": [],
@@ -265,7 +320,7 @@ def evaluate(
         doc["ok"] = True
         return doc
     if result.rc != 0 or no_devices:
-        found = failure_problem(nvidia_smi, result, expected)
+        found = failure_problem(nvidia_smi, result, expected, module_version)
         doc["error"] = found["cause"]
         doc["problems"].append(found)
         if pci_bus_ids:
@@ -300,6 +355,8 @@ def evaluate(
     if found:
         doc["error"] = found["cause"]
         doc["problems"].append(found)
+    if module_version and drivers and drivers != [module_version]:
+        doc["problems"].append(mismatch_problem(module_version, doc["driver_version"]))
     doc["ok"] = not doc["problems"]
     return doc
 
@@ -341,7 +398,7 @@ def check_gpus(
         lspci: lspci path or name, or None to skip the PCI cross-check.
     """
     result = run_command(build_command(nvidia_smi), timeout)
-    return evaluate(expected, result, nvidia_smi, lspci_bus_ids(lspci, timeout))
+    return evaluate(expected, result, nvidia_smi, lspci_bus_ids(lspci, timeout), loaded_module_version())
 
 
 def add_tool_arguments(parser: argparse.ArgumentParser) -> None:

@@ -18,6 +18,12 @@ Steps, in order:
    It also reports TensorFlow's version and build info, compared here with the loaded libraries
    and ``--expect-tensorflow``, and the library files TensorFlow itself mapped.
 
+``--multiworker``: the fit runs ``fit.py --multiworker`` (MultiWorkerMirroredStrategy over the
+workers in the TF_CONFIG environment variable, which the fit inherits); every worker runs this
+script at the same time.  The fit must have workers x ``--expected-gpus`` replicas (workers on
+the CPU with ``--cpu-replicas``); ``--scaling`` is skipped.  A fit that does not finish within
+``--timeout`` is killed like any other: then the workers did not all join or a collective hung.
+
 Output document (schema 1)::
 
     {"schema": 1, "host", "stack", "ok", "mode": "gpu"|"cpu-replicas", "mode_note",
@@ -25,7 +31,8 @@ Output document (schema 1)::
      "libcudart": {...}, "libcudnn": {...}}, "tensorflow": {"version", "is_cuda_build",
      "build_info", "gpus", "error"}, "fit": {fit result, "timed_out", "returncode"},
      "problems": [{"check", "cause", "fix"}], "expected": {"gpus", "driver", "cuda", "cudnn",
-     "tensorflow"}, "seconds"}
+     "tensorflow"}, "seconds", "multiworker": null | {"workers", "task_index", "is_chief",
+     "cluster": ["host:port", ...], "num_replicas_in_sync", "samples_per_second"}}
 
 ``ok`` is false exactly when ``problems`` is non-empty.  Times are seconds.
 
@@ -48,7 +55,7 @@ from typing import Any
 
 import gpu_count
 import libraries
-from fit import NCCL_HANG_FIX
+from fit import MULTIWORKER_FIX, NCCL_HANG_FIX, TFConfigError, parse_tf_config
 from verify_common import (
     EXIT_CHECK_FAILED,
     EXIT_OK,
@@ -147,8 +154,19 @@ def tf_loaded_library_problems(
     return problems
 
 
-def mode_note(cpu_replicas: int) -> str | None:
-    """Plain statement that the fit did not use GPUs (None in GPU mode)."""
+def mode_note(cpu_replicas: int, multiworker: dict[str, Any] | None = None) -> str | None:
+    """Plain statement of how the fit ran when that is not "this host's GPUs" (None then).
+
+    Args:
+        cpu_replicas: ``--cpu-replicas`` (0 = GPUs).
+        multiworker: the document's ``multiworker`` object in multi-worker mode, else None.
+    """
+    if multiworker is not None:
+        where = "on the CPU, one replica per worker" if cpu_replicas > 0 else "on each worker's GPUs"
+        return (
+            f"fit ran as worker {_fmt(multiworker.get('task_index'))} of {_fmt(multiworker.get('workers'))} "
+            f"(MultiWorkerMirroredStrategy, --multiworker) {where}"
+        )
     if cpu_replicas <= 0:
         return None
     return f"fit ran on {cpu_replicas} logical CPU devices (--cpu-replicas {cpu_replicas}), not on GPUs"
@@ -169,8 +187,18 @@ def read_progress(path: str) -> list[dict[str, Any]]:
     return records
 
 
-def timeout_problem(timeout: float, progress: list[dict[str, Any]]) -> Problem:
-    """Cause and fix for a fit killed after ``timeout`` seconds, naming the last stage reached."""
+def timeout_problem(timeout: float, progress: list[dict[str, Any]], multiworker: bool = False) -> Problem:
+    """Cause and fix for a fit killed after ``timeout`` seconds, naming the last stage reached.
+
+    Args:
+        timeout: the limit, seconds.
+        progress: fit.py's progress records (:func:`read_progress`).
+        multiworker: the fit ran with ``--multiworker``; the cause then says whether the workers
+            did not all join (killed at or before the ``multiworker-join`` stage) or a collective
+            between them hung, and the fix names the cluster's settings.
+    """
+    if multiworker:
+        return _multiworker_timeout_problem(timeout, progress)
     last = progress[-1] if progress else None
     if last is None:
         where = "it never started"
@@ -189,6 +217,21 @@ def timeout_problem(timeout: float, progress: list[dict[str, Any]]) -> Problem:
         "fit",
         f"The MirroredStrategy fit did not finish within {timeout:g} s and was killed ({where}).",
         fix,
+    )
+
+
+def _multiworker_timeout_problem(timeout: float, progress: list[dict[str, Any]]) -> Problem:
+    last = progress[-1] if progress else None
+    stage = last.get("stage") if last else None
+    where = "it never started" if last is None else f"last stage reached: {stage!r} at {last.get('t')} s"
+    if stage in (None, "import", "tensorflow", "multiworker-join"):
+        what = "the workers did not all join the cluster"
+    else:
+        what = "a collective between the workers hung"
+    return problem(
+        "fit",
+        f"The multi-worker fit did not finish within {timeout:g} s and was killed ({where}): {what}.",
+        MULTIWORKER_FIX,
     )
 
 
@@ -234,8 +277,12 @@ def kill_group(proc: subprocess.Popen[str]) -> None:
             continue
 
 
-def run_fit_subprocess(fit_argv: Sequence[str], timeout: float, fit_script: str) -> dict[str, Any]:
+def run_fit_subprocess(
+    fit_argv: Sequence[str], timeout: float, fit_script: str, multiworker: bool = False
+) -> dict[str, Any]:
     """Run ``fit_script`` with this interpreter under ``timeout`` seconds.
+
+    ``multiworker`` (the fit runs with ``--multiworker``) only changes the timeout's cause and fix.
 
     Returns the fit result document plus ``timed_out``, ``returncode`` and (when not ok)
     ``stderr_tail``; the last ``tensorflow`` progress record is kept in ``tensorflow`` when the fit
@@ -281,7 +328,7 @@ def run_fit_subprocess(fit_argv: Sequence[str], timeout: float, fit_script: str)
         tf_records = [r["tensorflow"] for r in progress if r.get("stage") == "tensorflow"]
         result["tensorflow"] = tf_records[-1] if tf_records else None
     if timed_out:
-        found = timeout_problem(timeout, progress)
+        found = timeout_problem(timeout, progress, multiworker)
         result["error"] = found["cause"]
         result["problems"] = [found]
         result["ok"] = False
@@ -390,6 +437,33 @@ def scaling_result(fit_all: dict[str, Any], fit_one: dict[str, Any], threshold: 
     return doc
 
 
+def multiworker_replicas(tf_config: str | None, expected_gpus: int, cpu_replicas: int) -> int | None:
+    """Replicas a multi-worker fit must have: workers x ``expected_gpus`` (workers x 1 on the CPU,
+    or when the inventory expects no GPU); None when TF_CONFIG is unusable (fit.py reports why)."""
+    try:
+        workers = parse_tf_config(tf_config)["workers"]
+    except TFConfigError:
+        return None
+    return workers * (1 if cpu_replicas > 0 or expected_gpus < 1 else expected_gpus)
+
+
+def multiworker_summary(fit: dict[str, Any], tf_config: str | None) -> dict[str, Any]:
+    """The document's ``multiworker`` object: the fit's ``{"workers", "task_index", "is_chief",
+    "cluster"}`` (from TF_CONFIG when the fit did not report it, None values when that is
+    unusable) plus its ``num_replicas_in_sync`` and ``samples_per_second`` (the cluster's, samples/s)."""
+    summary = fit.get("multiworker")
+    if not isinstance(summary, dict):
+        try:
+            summary = parse_tf_config(tf_config)
+        except TFConfigError:
+            summary = {"workers": None, "task_index": None, "is_chief": None, "cluster": []}
+    return dict(
+        summary,
+        num_replicas_in_sync=fit.get("num_replicas_in_sync"),
+        samples_per_second=fit.get("samples_per_second"),
+    )
+
+
 def verify(args: argparse.Namespace) -> dict[str, Any]:
     """Run every check and assemble the output document."""
     started = time.monotonic()
@@ -398,11 +472,14 @@ def verify(args: argparse.Namespace) -> dict[str, Any]:
     problems += gpus["problems"]
     problems += driver_problems(gpus["driver_version"], args.expect_driver)
 
-    libs_doc = libraries.check_libraries(args.expect_cuda, args.expect_cudnn)
+    libs_doc = libraries.check_libraries(args.expect_cuda, args.expect_cudnn, args.cuda_root)
     libs = libs_doc["libraries"]
     problems += libs_doc["problems"]
 
-    expected_replicas = args.cpu_replicas if args.cpu_replicas > 0 else args.expected_gpus
+    expected_replicas: int | None = args.cpu_replicas if args.cpu_replicas > 0 else args.expected_gpus
+    tf_config = os.environ.get("TF_CONFIG")
+    if args.multiworker:
+        expected_replicas = multiworker_replicas(tf_config, args.expected_gpus, args.cpu_replicas)
     fit_argv = [
         "--cpu-replicas",
         str(args.cpu_replicas),
@@ -414,21 +491,32 @@ def verify(args: argparse.Namespace) -> dict[str, Any]:
         str(args.epochs),
         "--seed",
         str(args.seed),
+        "--learning-rate",
+        repr(args.learning_rate),
     ]
     if args.mixed_precision:
         fit_argv.append("--mixed-precision")
+    if args.multiworker:
+        fit_argv.append("--multiworker")
     sampler = UtilisationSampler(args.nvidia_smi)
     sampler.start()
     try:
         fit = run_fit_subprocess(
-            fit_argv + (["--expected-replicas", str(expected_replicas)] if expected_replicas > 0 else []),
+            fit_argv + (["--expected-replicas", str(expected_replicas)] if expected_replicas else []),
             args.timeout,
             args.fit_script,
+            args.multiworker,
         )
     finally:
         utilisation = sampler.stop()
     scaling = None
-    if args.scaling and fit.get("ok") and (fit.get("num_replicas_in_sync") or 0) > 1:
+    if args.scaling and args.multiworker:
+        # A 1-replica baseline would need the other workers to run it too, at the same time.
+        scaling = {
+            "ok": None,
+            "note": "not measured with --multiworker: the scaling check compares the GPUs of one host",
+        }
+    elif args.scaling and fit.get("ok") and (fit.get("num_replicas_in_sync") or 0) > 1:
         single = run_fit_subprocess(fit_argv + ["--use-replicas", "1"], args.timeout, args.fit_script)
         scaling = scaling_result(fit, single, args.scaling_threshold)
 
@@ -446,8 +534,11 @@ def verify(args: argparse.Namespace) -> dict[str, Any]:
         if args.cpu_replicas == 0:
             problems += tensorflow_gpu_problems(tf_info, args.expected_gpus, gpus["seen"])
     problems += tf_loaded_library_problems(fit.get("loaded_libraries"), libs, args.expect_cuda, args.expect_cudnn)
+    problems += libraries.mixed_cuda_major_problems(
+        [entry["path"] for entries in (fit.get("loaded_libraries") or {}).values() for entry in entries]
+    )
     problems += fit_problems
-    if scaling is not None:
+    if scaling is not None and "problems" in scaling:
         found = scaling.pop("problems")
         if args.cpu_replicas > 0:
             # Logical CPU devices share the same cores: the number says nothing about GPU links.
@@ -456,13 +547,15 @@ def verify(args: argparse.Namespace) -> dict[str, Any]:
         else:
             problems += found
 
+    multiworker = multiworker_summary(fit, tf_config) if args.multiworker else None
     return {
         "schema": SCHEMA,
         "host": socket.gethostname(),
         "stack": args.stack,
         "ok": not problems,
         "mode": "cpu-replicas" if args.cpu_replicas > 0 else "gpu",
-        "mode_note": mode_note(args.cpu_replicas),
+        "mode_note": mode_note(args.cpu_replicas, multiworker),
+        "multiworker": multiworker,
         "driver_version": gpus["driver_version"],
         "gpus": gpus,
         "libraries": libs,
@@ -505,6 +598,12 @@ def format_table(doc: dict[str, Any]) -> str:
     ]
     if doc.get("mode_note"):
         lines.append(f"  note: {doc['mode_note']}")
+    multiworker = doc.get("multiworker")
+    if multiworker:
+        lines.append(
+            f"  workers     {_fmt(multiworker.get('workers'))}, this is worker {_fmt(multiworker.get('task_index'))}"
+            f"{' (chief)' if multiworker.get('is_chief') else ''}: {', '.join(multiworker.get('cluster') or []) or '-'}"
+        )
     lines.append(
         f"  GPUs        {gpus.get('seen')}/{gpus.get('expected')} seen/expected"
         f"   driver {doc.get('driver_version') or '-'}"
@@ -556,6 +655,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="0 = fit on the GPUs (default); N = fit on N logical CPU devices",
     )
     parser.add_argument(
+        "--multiworker",
+        action="store_true",
+        help="fit with MultiWorkerMirroredStrategy over the workers in the TF_CONFIG environment "
+        "variable (run this on every worker at the same time); --scaling is skipped",
+    )
+    parser.add_argument(
         "--timeout",
         type=positive_float,
         default=600.0,
@@ -595,6 +700,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--steps", type=int, default=8, help="fit: steps per epoch (default 8)")
     parser.add_argument("--epochs", type=int, default=3, help="fit: epochs (default 3)")
     parser.add_argument("--seed", type=int, default=1234, help="fit: random seed (default 1234)")
+    parser.add_argument(
+        "--learning-rate",
+        type=positive_float,
+        default=0.01,
+        help="fit: Adam learning rate (default 0.01; a huge value such as 1e30 makes the loss non-finite)",
+    )
+    parser.add_argument(
+        "--cuda-root",
+        metavar="DIR",
+        help="the stack's CUDA toolkit folder (default /usr/local/cuda-<--expect-cuda>); its lib64 is "
+        "where libcudart/libcudnn are expected",
+    )
     parser.add_argument(
         "--fit-script",
         default=os.path.join(HERE, "fit.py"),

@@ -57,6 +57,15 @@ CUDA_DRIVER_ERRORS = {
 }
 
 LD_SO_CONF_D = "/etc/ld.so.conf.d"
+# Folders the loader searches after the ld.so.conf ones (glibc's trusted directories on x86_64;
+# ld.so(8), "the default path").
+TRUSTED_DIRS = ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib64", "/usr/lib64", "/lib", "/usr/lib")
+# Files that set environment variables for login shells only (sourced by /etc/profile, or read by
+# pam_env): services, cron, sudo's secure environment and `ansible` commands never see them.
+LOGIN_ONLY_FILES = ("/etc/profile", "/etc/profile.d/*.sh", "/etc/bash.bashrc", "/etc/environment")
+# CUDA toolkit libraries whose soname carries the CUDA major version (libcudart.so.11.0,
+# libcublas.so.12, ...); two majors in one process means two toolkits were mixed.
+CUDA_MAJOR_LIBRARIES = ("libcudart", "libcublas", "libcublasLt", "libcufft", "libcurand", "libcusolver", "libcusparse")
 
 
 # --- pure decoding and naming -------------------------------------------------------------
@@ -152,10 +161,33 @@ def load_failure_problem(
     error: str,
     ld_library_path: str | None,
     conf: dict[str, list[str]],
+    found_elsewhere: str | None = None,
+    login_only: Sequence[str] = (),
 ) -> Problem:
-    """Problem for a library dlopen could not load: names the soname, the error and the places."""
+    """Problem for a library dlopen could not load: names the soname, the error and the places.
+
+    ``found_elsewhere`` is a path where the library does exist although the loader did not find it
+    (the stack's toolkit folder, see :func:`find_off_path`); ``login_only`` the login-shell files
+    that add its folder to ``LD_LIBRARY_PATH`` (see :func:`login_only_mentions`).  Both make the
+    cause precise: installed, but not on the loader path of non-login processes.
+    """
     places = search_places_text(ld_library_path, conf)
-    if check == "libcuda":
+    cause = f"Cannot load {soname}: {error} (looked in {places})."
+    if found_elsewhere:
+        folder = os.path.dirname(found_elsewhere)
+        cause += f" It is installed at {found_elsewhere}, but {folder} is not on the loader path"
+        if login_only:
+            cause += (
+                f": only {', '.join(login_only)} add it (LD_LIBRARY_PATH), which login shells read and "
+                "services, cron, sudo and Ansible commands do not"
+            )
+        cause += "."
+        fix = (
+            f"list {folder} in a file under {LD_SO_CONF_D}/ (the gpu_env role writes gpu-env.conf; rerun "
+            "playbooks/cuda.yml or site.yml) and run `ldconfig`; `ldconfig -p | grep "
+            f"{soname_stem(soname)}` must then show it"
+        )
+    elif check == "libcuda":
         fix = (
             "libcuda.so.1 comes with the NVIDIA driver, not the toolkit: install/repair the driver "
             "(nvidia_driver role), then run `ldconfig` and check `ldconfig -p | grep libcuda`"
@@ -166,7 +198,141 @@ def load_failure_problem(
             f"{LD_SO_CONF_D}/ (gpu_env role) and run `ldconfig`; `ldconfig -p | grep "
             f"{soname_stem(soname)}` shows what the loader sees"
         )
-    return problem(check, f"Cannot load {soname}: {error} (looked in {places}).", fix)
+    return problem(check, cause, fix)
+
+
+def find_off_path(soname: str, folders: Sequence[str]) -> str | None:
+    """First ``<folder>/<soname>`` that exists (the library is installed there), or None."""
+    for folder in folders:
+        candidate = os.path.join(folder, soname)
+        if os.path.exists(candidate):
+            return candidate
+    return None
+
+
+def login_only_mentions(folder: str, patterns: Sequence[str] = LOGIN_ONLY_FILES) -> list[str]:
+    """Login-shell files (``patterns`` are globs) whose text names ``folder`` (or its realpath)."""
+    names = {folder.rstrip("/"), os.path.realpath(folder)}
+    found: list[str] = []
+    for pattern in patterns:
+        for path in sorted(glob.glob(pattern)):
+            try:
+                with open(path, encoding="utf-8", errors="replace") as handle:
+                    text = handle.read()
+            except OSError:
+                continue
+            if any(name and name in text for name in names):
+                found.append(path)
+    return found
+
+
+def loader_search_order(ld_library_path: str | None, conf: dict[str, list[str]]) -> list[tuple[str, str]]:
+    """Folders in the order the dynamic loader searches them, each with where it came from:
+    ``LD_LIBRARY_PATH`` entries, then the ``ld.so.conf.d`` files in name order (earlier folders win
+    in the ``ldconfig`` cache), then the trusted folders.  Returns ``[(folder, source), ...]``
+    without repeats."""
+    order: list[tuple[str, str]] = []
+    seen: set[str] = set()
+
+    def add(folder: str, source: str) -> None:
+        folder = folder.rstrip("/") or "/"
+        if folder and folder not in seen:
+            seen.add(folder)
+            order.append((folder, source))
+
+    for folder in (ld_library_path or "").split(":"):
+        if folder:
+            add(folder, "LD_LIBRARY_PATH")
+    for name, folders in conf.items():
+        for folder in folders:
+            add(folder, f"{LD_SO_CONF_D}/{name}")
+    for folder in TRUSTED_DIRS:
+        add(folder, "default path")
+    return order
+
+
+def soname_major(filename: str) -> int | None:
+    """CUDA major version in a toolkit library file name: ``libcudart.so.11.0`` / ``libcudart.so.11.8.89``
+    -> 11, ``libcublas.so.12`` -> 12; None without a numeric suffix."""
+    _, _, suffix = os.path.basename(filename).partition(".so.")
+    head = suffix.split(".", 1)[0]
+    return int(head) if head.isdigit() else None
+
+
+def runtime_shadow_problems(
+    expect_cuda: str | None,
+    search_order: Sequence[tuple[str, str]],
+    listdir: Callable[[str], list[str]] = os.listdir,
+) -> list[Problem]:
+    """A CUDA runtime of another major in a folder the loader searches before the pinned toolkit's.
+
+    The sonames differ per major (``libcudart.so.11.0`` vs ``.so.12``), so the pinned runtime still
+    loads; but every library both toolkits ship under one soname (``libcudnn.so.8``,
+    ``libnccl.so.2``, ``libcupti``...) and every ``dlopen("libcudart.so")`` then come from the other
+    toolkit, and a process ends up with CUDA 11 and CUDA 12 libraries together.
+
+    ``search_order`` is :func:`loader_search_order`'s result.  Only a folder *before* the one that
+    holds the pinned runtime counts, so a second stack's toolkit listed after the default one is
+    not a problem.
+    """
+    if not expect_cuda:
+        return []
+    want_major = parse_version(expect_cuda, 2, "CUDA version")[0]
+    pinned = cudart_soname(expect_cuda)
+    earlier: list[tuple[str, str, int]] = []
+    for folder, source in search_order:
+        try:
+            names = listdir(folder)
+        except OSError:
+            continue
+        if pinned in names:
+            break
+        for name in sorted(names):
+            major = soname_major(name) if name.startswith("libcudart.so.") else None
+            if major is not None and major != want_major:
+                earlier.append((os.path.join(folder, name), source, major))
+                break
+    else:
+        return []  # the pinned runtime is not on the path at all: load_library reports that
+    return [
+        problem(
+            "libcudart",
+            f"CUDA {major} runtime {path} (from {source}) comes before the pinned CUDA {expect_cuda} "
+            f"({pinned}) on the library path: libraries both toolkits ship under one soname (libcudnn, "
+            f'libnccl, libcupti) and dlopen("libcudart.so") load from the CUDA {major} folder, mixing '
+            f"CUDA {major} and CUDA {want_major} in one process.",
+            f"remove {os.path.dirname(path)} from {source} (or list it after the stack's toolkit), run "
+            "`ldconfig`; the gpu_env role writes the stack's own entry",
+        )
+        for path, source, major in earlier
+    ]
+
+
+def cuda_library_paths(maps_text: str) -> list[str]:
+    """Files of the :data:`CUDA_MAJOR_LIBRARIES` mapped in ``/proc/<pid>/maps`` text."""
+    return [path for stem in CUDA_MAJOR_LIBRARIES for path in paths_from_maps(maps_text, stem + ".so")]
+
+
+def mixed_cuda_major_problems(paths: Sequence[str]) -> list[Problem]:
+    """Toolkit library files of two or more CUDA majors loaded in one process (``paths``, e.g. from
+    :func:`cuda_library_paths`), e.g. ``libcudart.so.11.0`` next to ``libcublas.so.12``: a failure,
+    whatever loaded them."""
+    by_major: dict[int, list[str]] = {}
+    for path in paths:
+        major = soname_major(path)
+        if major is not None and path not in by_major.get(major, []):
+            by_major.setdefault(major, []).append(path)
+    if len(by_major) < 2:
+        return []
+    listing = "; ".join(f"CUDA {major}: {', '.join(paths)}" for major, paths in sorted(by_major.items()))
+    return [
+        problem(
+            "libraries",
+            f"CUDA libraries of {len(by_major)} major versions are loaded in one process ({listing}).",
+            "keep one toolkit per process: remove the other toolkit's folder from LD_LIBRARY_PATH and "
+            f"{LD_SO_CONF_D}/, or the venv's nvidia-* wheels of the other CUDA major, then run `ldconfig`",
+        )
+    ]
 
 
 # --- comparisons (pure) ----------------------------------------------------------------
@@ -201,10 +367,18 @@ def compare_cudnn(record: dict[str, Any], expected_cudnn: str | None) -> list[Pr
     have = parse_version(record["version"], 3)[:parts]
     if have == want:
         return []
+    refused = cudnn_tf_rule(str(expected_cudnn), record["version"])
+    tf_rule = (
+        f' TensorFlow built with cuDNN {expected_cudnn} refuses it ({refused}; TensorFlow logs "Loaded runtime '
+        f'CuDNN library: {record["version"]} but source was compiled with: {expected_cudnn}").'
+        if refused
+        else ""
+    )
     return [
         problem(
             "libcudnn",
-            f"cuDNN {record['soname']} at {record['path']} is {record['version']}, the stack pins {expected_cudnn}.",
+            f"cuDNN {record['soname']} at {record['path']} is {record['version']}, the stack pins "
+            f"{expected_cudnn} (loaded vs built).{tf_rule}",
             "another cuDNN comes first on the loader path (an older copy in /usr/lib or "
             "LD_LIBRARY_PATH wins): remove it or reorder the paths (gpu_env role), run "
             "`ldconfig`, or fix the pin",
@@ -372,8 +546,12 @@ LIBRARY_KINDS: dict[str, tuple[str, Callable[[int], str]]] = {
 }
 
 
-def load_library(key: str, soname: str) -> tuple[dict[str, Any], list[Problem]]:
+def load_library(key: str, soname: str, install_dirs: Sequence[str] = ()) -> tuple[dict[str, Any], list[Problem]]:
     """dlopen ``soname`` and read its version.
+
+    ``install_dirs``: folders where the library is expected to be installed (the stack's
+    ``<cuda_root>/lib64``); when dlopen fails but the file is there, the problem says it is
+    installed but not on the loader path.
 
     Returns ``({"soname", "path", "found_as", "raw", "version", "ok", "error"}, problems)``:
     ``path`` is the real file mapped into this process, ``found_as`` the name the loader opened
@@ -394,7 +572,11 @@ def load_library(key: str, soname: str) -> tuple[dict[str, Any], list[Problem]]:
     except OSError as exc:
         record["error"] = str(exc)
         conf = ld_so_conf_dirs()
-        return record, [load_failure_problem(key, soname, str(exc), os.environ.get("LD_LIBRARY_PATH"), conf)]
+        found = find_off_path(soname, install_dirs)
+        login = login_only_mentions(os.path.dirname(found)) if found else []
+        return record, [
+            load_failure_problem(key, soname, str(exc), os.environ.get("LD_LIBRARY_PATH"), conf, found, login)
+        ]
     function = getattr(lib, symbol, None)
     raw: int | None = None
     if function is None:
@@ -427,7 +609,9 @@ def load_library(key: str, soname: str) -> tuple[dict[str, Any], list[Problem]]:
 def mapped_library_versions(
     maps_text: str | None = None,
 ) -> dict[str, list[dict[str, Any]]]:
-    """Versions of every libcuda/libcudart/libcudnn file already mapped into this process.
+    """Versions of every libcuda/libcudart/libcudnn/libcublas file already mapped into this process
+    (``maps_text``: ``/proc/self/maps`` text, read when None).  Returns ``{key: [{"path", "raw",
+    "version", "error"}, ...]}`` with the keys libcublas, libcuda, libcudart, libcudnn.
 
     Used after TensorFlow ran, to report the copies TensorFlow itself loaded (which may come
     from its RUNPATH rather than the system loader path).  dlopen of an already-mapped path
@@ -435,6 +619,12 @@ def mapped_library_versions(
     """
     maps_text = read_maps() if maps_text is None else maps_text
     result: dict[str, list[dict[str, Any]]] = {}
+    # cuBLAS's version query needs a handle (a GPU context): the real file name carries the version
+    # instead (libcublas.so.11.11.3.6, the toolkit's lib64 layout).
+    result["libcublas"] = [
+        {"path": path, "raw": None, "version": os.path.basename(path).partition(".so.")[2] or None, "error": None}
+        for path in paths_from_maps(maps_text, "libcublas.so")
+    ]
     for key, (symbol, decode) in LIBRARY_KINDS.items():
         entries = []
         for path in paths_from_maps(maps_text, key + ".so"):
@@ -465,8 +655,20 @@ def _first_loadable(key: str, candidates: Sequence[str]) -> tuple[dict[str, Any]
     return record, problems
 
 
-def check_libraries(expect_cuda: str | None = None, expect_cudnn: str | None = None) -> dict[str, Any]:
+def default_cuda_root(expect_cuda: str | None) -> str | None:
+    """Where the cuda_toolkit role installs CUDA ``X.Y``: ``/usr/local/cuda-X.Y`` (NVIDIA's runfile
+    default ``--toolkitpath``), or None without a pin."""
+    return f"/usr/local/cuda-{expect_cuda}" if expect_cuda else None
+
+
+def check_libraries(
+    expect_cuda: str | None = None, expect_cudnn: str | None = None, cuda_root: str | None = None
+) -> dict[str, Any]:
     """Load the three libraries and run the comparisons.
+
+    ``cuda_root``: the stack's toolkit folder (default :func:`default_cuda_root`); its ``lib64``
+    is where libcudart and libcudnn are expected, and a CUDA runtime of another major that the
+    loader finds before it is a problem (:func:`runtime_shadow_problems`).
 
     Returns ``{"libraries": {"libcuda": rec, "libcudart": rec, "libcudnn": rec}, "problems": [...],
     "ok": bool}``.
@@ -476,23 +678,29 @@ def check_libraries(expect_cuda: str | None = None, expect_cudnn: str | None = N
     """
     problems: list[Problem] = []
     libs: dict[str, dict[str, Any]] = {}
+    cuda_root = cuda_root or default_cuda_root(expect_cuda)
+    install_dirs = [os.path.join(cuda_root, "lib64")] if cuda_root else []
     libs["libcuda"], found = load_library("libcuda", "libcuda.so.1")
     problems += found
     if expect_cuda:
-        libs["libcudart"], found = load_library("libcudart", cudart_soname(expect_cuda))
+        libs["libcudart"], found = load_library("libcudart", cudart_soname(expect_cuda), install_dirs)
     else:
         libs["libcudart"], found = _first_loadable(
             "libcudart", ["libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0"]
         )
     problems += found
     if expect_cudnn:
-        libs["libcudnn"], found = load_library("libcudnn", cudnn_soname(expect_cudnn))
+        libs["libcudnn"], found = load_library("libcudnn", cudnn_soname(expect_cudnn), install_dirs)
     else:
         libs["libcudnn"], found = _first_loadable("libcudnn", ["libcudnn.so.9", "libcudnn.so.8"])
     problems += found
     problems += compare_cudart(libs["libcudart"], expect_cuda)
     problems += compare_cudnn(libs["libcudnn"], expect_cudnn)
     problems += compare_driver_runtime(libs["libcuda"], libs["libcudart"])
+    problems += runtime_shadow_problems(
+        expect_cuda, loader_search_order(os.environ.get("LD_LIBRARY_PATH"), ld_so_conf_dirs())
+    )
+    problems += mixed_cuda_major_problems(cuda_library_paths(read_maps()))
     return {"libraries": libs, "problems": problems, "ok": not problems}
 
 

@@ -28,6 +28,7 @@ HEADERS = [
     "TensorFlow",
     "GPUs (exp/seen)",
     "replicas",
+    "workers",
     "loss start→end",
     "fit s",
     "samples/s",
@@ -152,6 +153,7 @@ def test_rows_show_loaded_versions_and_columns() -> None:
         "tensorflow": "2.12.1",
         "gpus": "2/2",
         "replicas": "2",
+        "workers": "-",
         "loss": "2.403→0.595",
         "fit_seconds": "3.21",
         "samples_per_second": "1234.6",
@@ -239,7 +241,7 @@ def test_report_files(tmp_path: Path) -> None:
     assert md.startswith("# GPU fleet report — run 42")
     assert "| " + " | ".join(HEADERS) + " |" in md
     assert (
-        "| gpu01 (tf2.12) | PASS | 520.61.05 | 11.8 | 8.6.0 | 2.12.1 | 2/2 | 2 | 2.403→0.595 | 3.21 | 1234.6 | - | 6.50 | gpu |  |"
+        "| gpu01 (tf2.12) | PASS | 520.61.05 | 11.8 | 8.6.0 | 2.12.1 | 2/2 | 2 | - | 2.403→0.595 | 3.21 | 1234.6 | - | 6.50 | gpu |  |"
         in md
     )
     assert "/usr/lib/x \\| y" in md  # a pipe in a cause must not break the table

@@ -14,6 +14,7 @@ Output:
 
 * ``<out-dir>/fleet-report.json``: ``{"generated_at": ISO 8601 UTC, "run_id", "hosts": {host:
   {"status": "PASS"|"FAIL", "rows": [row, ...], "problems": [...], "results": [doc, ...]}},
+  "multiworker": null or {"status", "workers", "chief", ...} (see :func:`multiworker_summary`),
   "summary": {"hosts", "passed", "failed", "unreachable"}}``; a host passes only if every stack on
   it passed.
 * ``<out-dir>/fleet-report.md``: the same table in Markdown, with every cause and fix below it.
@@ -56,6 +57,7 @@ COLUMNS = (
     ("tensorflow", "TensorFlow"),
     ("gpus", "GPUs (exp/seen)"),
     ("replicas", "replicas"),
+    ("workers", "workers"),
     ("loss", "loss start→end"),
     ("fit_seconds", "fit s"),
     ("samples_per_second", "samples/s"),
@@ -162,6 +164,7 @@ def build_row(host: str, doc: Any) -> dict[str, Any]:
         "tensorflow": _get(doc, "tensorflow", "version") or "-",
         "gpus": f"{'-' if expected is None else expected}/{'-' if seen is None else seen}",
         "replicas": "-" if replicas is None else str(replicas),
+        "workers": _workers_cell(_get(doc, "multiworker")),
         "loss": loss,
         "fit_seconds": _num(_get(doc, "fit", "fit_seconds"), 2),
         "samples_per_second": _num(_get(doc, "fit", "samples_per_second"), 1),
@@ -179,6 +182,78 @@ def build_row(host: str, doc: Any) -> dict[str, Any]:
         ],
         "_unreachable": bool(_get(doc, "unreachable")),
     }
+
+
+def _workers_cell(multiworker: Any) -> str:
+    """'2 (chief)' / '2' for a multi-worker result, '-' otherwise."""
+    if not isinstance(multiworker, dict) or not multiworker.get("workers"):
+        return "-"
+    return f"{multiworker['workers']}" + (" (chief)" if multiworker.get("is_chief") else "")
+
+
+def multiworker_summary(hosts: dict[str, Any]) -> dict[str, Any] | None:
+    """The multi-worker fit across the hosts, from the chief's result (None when no host ran one).
+
+    Returns ``{"status", "workers", "chief", "cluster", "reported", "num_replicas_in_sync",
+    "samples_per_second", "loss_start", "loss_end", "fit_seconds", "problems"}``: ``workers`` is
+    the cluster size in TF_CONFIG, ``reported`` the hosts that returned a result.  It passes when
+    the chief's fit passed and every worker reported a passing fit.
+    """
+    workers = []
+    for name, host in hosts.items():
+        for doc in host["results"]:
+            info = _get(doc, "multiworker")
+            if isinstance(info, dict):
+                workers.append((name, doc, info))
+    if not workers:
+        return None
+    chiefs = [(name, doc, info) for name, doc, info in workers if info.get("is_chief")]
+    chief_name, chief_doc, chief_info = chiefs[0] if chiefs else (None, {}, {})
+    size = chief_info.get("workers") or max(int(info.get("workers") or 0) for _, _, info in workers)
+    problems = [
+        dict(p, host=name)
+        for name, doc, _ in workers
+        for p in (_get(doc, "fit", "problems") or [])
+        if isinstance(p, dict)
+    ]
+    if chief_name is None:
+        problems.append(
+            {"check": "multiworker", "cause": "The chief (worker 0) returned no result.", "fix": "see its host's row"}
+        )
+    if len(workers) < size:
+        problems.append(
+            {
+                "check": "multiworker",
+                "cause": f"Only {len(workers)} of {size} workers returned a result.",
+                "fix": "every worker must run the check at the same time; see the failed hosts' rows",
+            }
+        )
+    passed = not problems and all(_get(doc, "fit", "ok") is True for _, doc, _ in workers)
+    return {
+        "status": "PASS" if passed else "FAIL",
+        "workers": size,
+        "chief": chief_name,
+        "cluster": chief_info.get("cluster") or [],
+        "reported": sorted(name for name, _, _ in workers),
+        "num_replicas_in_sync": _get(chief_doc, "fit", "num_replicas_in_sync"),
+        "samples_per_second": _get(chief_doc, "fit", "samples_per_second"),
+        "loss_start": _get(chief_doc, "fit", "loss_start"),
+        "loss_end": _get(chief_doc, "fit", "loss_end"),
+        "fit_seconds": _get(chief_doc, "fit", "fit_seconds"),
+        "problems": problems,
+    }
+
+
+def multiworker_line(summary: dict[str, Any] | None) -> str | None:
+    """One sentence on the multi-worker fit for the text, Markdown and HTML reports."""
+    if not summary:
+        return None
+    return (
+        f"Multi-worker fit (MultiWorkerMirroredStrategy): {summary['status']}, {summary['workers']} workers "
+        f"(chief {summary['chief'] or 'none'}), {summary['num_replicas_in_sync'] or '-'} replicas in sync, "
+        f"loss {_num(summary['loss_start'], 3)}→{_num(summary['loss_end'], 3)}, "
+        f"{_num(summary['samples_per_second'], 1)} samples/s."
+    )
 
 
 def build_report(results: dict[str, Any], run_id: str | None, now: datetime.datetime | None = None) -> dict[str, Any]:
@@ -206,6 +281,7 @@ def build_report(results: dict[str, Any], run_id: str | None, now: datetime.date
         "generated_at": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
         "run_id": run_id,
         "hosts": hosts,
+        "multiworker": multiworker_summary(hosts),
         "summary": {
             "hosts": len(hosts),
             "passed": passed,
@@ -242,6 +318,8 @@ def format_text(report: dict[str, Any]) -> str:
         f"({summary['unreachable']} unreachable); generated {report['generated_at']}"
         + (f", run {report['run_id']}" if report.get("run_id") else "")
     )
+    if report.get("multiworker"):
+        lines.append(multiworker_line(report["multiworker"]))
     notes, problems = _details(report)
     if notes:
         lines += ["", "Notes:"] + [f"  {n}" for n in notes]
@@ -270,6 +348,7 @@ def format_markdown(report: dict[str, Any]) -> str:
             f"({summary['unreachable']} unreachable)."
         ),
         "",
+        *([_md(multiworker_line(report["multiworker"])), ""] if report.get("multiworker") else []),
         "| " + " | ".join(_md(t) for _, t in COLUMNS) + " |",
         "|" + "|".join("---" for _ in COLUMNS) + "|",
     ]
@@ -293,6 +372,8 @@ HTML_STYLE = (
     "th,td{border:1px solid #bbb;padding:.3em .6em;text-align:left}th{background:#eee}"
     "tr.pass td.status{background:#c8f0c8}tr.fail td.status{background:#f6c4c4}"
     "tr.fail{background:#fff4f4}li{margin:.3em 0}"
+    "p#multiworker{padding:.3em .6em;display:inline-block}p#multiworker.pass{background:#c8f0c8}"
+    "p#multiworker.fail{background:#f6c4c4}"
 )
 
 
@@ -317,7 +398,13 @@ def format_html(report: dict[str, Any]) -> str:
         f"<style>{HTML_STYLE}</style></head><body>\n<h1>GPU fleet report</h1>\n"
         f"<p>Generated {esc(report['generated_at'])}: {summary['hosts']} hosts, {summary['passed']} passed, "
         f"{summary['failed']} failed ({summary['unreachable']} unreachable).</p>\n"
-        f'<table id="fleet"><thead><tr>{head}</tr></thead><tbody>\n'
+        + (
+            f'<p id="multiworker" class="{report["multiworker"]["status"].lower()}">'
+            f"{esc(multiworker_line(report['multiworker']))}</p>\n"
+            if report.get("multiworker")
+            else ""
+        )
+        + f'<table id="fleet"><thead><tr>{head}</tr></thead><tbody>\n'
         + "\n".join(rows)
         + "\n</tbody></table>\n"
         + (("<h2>Notes</h2><ul>" + "".join(f"<li>{esc(n)}</li>" for n in notes) + "</ul>\n") if notes else "")
@@ -333,7 +420,8 @@ def format_junit(report: dict[str, Any]) -> str:
     for host in report["hosts"].values():
         for row, doc in zip(host["rows"], host["results"]):
             found = host_problems(doc)
-            checks = list(JUNIT_CHECKS) + sorted({str(p.get("check")) for p in found} - set(JUNIT_CHECKS))
+            checks = list(JUNIT_CHECKS) + (["multiworker"] if _get(doc, "multiworker") else [])
+            checks += sorted({str(p.get("check")) for p in found} - set(checks))
             for check in checks:
                 case = ET.SubElement(suite, "testcase", classname=row["host"], name=check)
                 cases += 1

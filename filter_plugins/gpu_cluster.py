@@ -1,0 +1,84 @@
+"""``gpu_tf_config``: the TF_CONFIG of every worker of a MultiWorkerMirroredStrategy check.
+
+TF_CONFIG is the JSON document TensorFlow's ``MultiWorkerMirroredStrategy`` reads from the
+environment (TensorFlow guide "Multi-worker training with Keras", section "Cluster setup")::
+
+    {"cluster": {"worker": ["10.0.0.1:12345", "10.0.0.2:12345"]},
+     "task": {"type": "worker", "index": 0}}
+
+Every worker gets the same cluster list (in the play's host order) and its own index; worker 0
+is the chief.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ansible.errors import AnsibleFilterError
+
+ADDRESS_VAR = "__gpu_verify_mw_address"
+
+
+def worker_endpoint(address: str, port: int) -> str:
+    """``host:port``, with an IPv6 address in brackets (``[fd00::1]:12345``)."""
+    if ":" in address and not address.startswith("["):
+        address = f"[{address}]"
+    return f"{address}:{port}"
+
+
+def gpu_tf_config(hosts: list[str], hostvars: Any, port: Any) -> dict[str, dict]:
+    """TF_CONFIG (as a dict; ``| to_json`` makes the environment value) per host, keyed by
+    inventory hostname.
+
+    Args:
+        hosts: the workers, in order (``ansible_play_hosts``); the first is the chief.
+        hostvars: Ansible's ``hostvars``; each host's ``__gpu_verify_mw_address`` (set from
+            ``gpu_verify_multiworker_address``) is where the other workers reach it.
+        port: TCP port every worker listens on (1-65535).
+
+    Raises:
+        AnsibleFilterError: fewer than 2 hosts, a bad port, a host without an address, or two
+            workers with the same address and port; the message names the variable to fix.
+    """
+    try:
+        port = int(port)
+    except (TypeError, ValueError):
+        port = 0
+    if not 1 <= port <= 65535:
+        raise AnsibleFilterError(
+            f"gpu_verify_multiworker_port must be a TCP port 1-65535, got {port!r}; set it in the inventory."
+        )
+    if len(hosts) < 2:
+        raise AnsibleFilterError(
+            f"The multi-worker check needs at least 2 hosts in the play, got {len(hosts)} ({', '.join(hosts)}): "
+            "run playbooks/verify.yml -e gpu_verify_multiworker=true against a group of 2 or more reachable hosts."
+        )
+    endpoints = []
+    for host in hosts:
+        address = str(hostvars[host].get(ADDRESS_VAR) or "").strip()
+        if not address:
+            raise AnsibleFilterError(
+                f"{host} has no address for the multi-worker cluster: set gpu_verify_multiworker_address "
+                "for it (an address the other workers can reach), or gather facts so its default IPv4 "
+                "address is known."
+            )
+        endpoints.append(worker_endpoint(address, port))
+    clashes = sorted({e for e in endpoints if endpoints.count(e) > 1})
+    if clashes:
+        owners = {e: [h for h, x in zip(hosts, endpoints) if x == e] for e in clashes}
+        raise AnsibleFilterError(
+            "Two workers would listen on the same address and port: "
+            + "; ".join(f"{e}: {', '.join(owners[e])}" for e in clashes)
+            + ". Give each host its own gpu_verify_multiworker_address."
+        )
+    return {
+        host: {"cluster": {"worker": list(endpoints)}, "task": {"type": "worker", "index": index}}
+        for index, host in enumerate(hosts)
+    }
+
+
+class FilterModule:
+    """Multi-worker cluster filters."""
+
+    def filters(self) -> dict:
+        return {"gpu_tf_config": gpu_tf_config}

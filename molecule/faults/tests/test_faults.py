@@ -1,0 +1,303 @@
+"""Fault injection: the field's real faults on converged sandbox hosts, each reported with its cause.
+
+Every round puts at most one fault on each host, runs the real ``playbooks/verify.yml`` against
+those hosts from a non-login context (Ansible's ``podman exec``), reads the fleet report it wrote
+and undoes the faults. The healthy round and the multi-worker round run first, on both hosts.
+Faults touch only files a fault would touch in the field; NVIDIA's pieces are the stand-ins.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import testinfra
+
+ROOT = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(ROOT / "tests"))
+
+from ansible_run import run_playbook
+
+A, B = "molecule-faults-a", "molecule-faults-b"
+CUDA = "/usr/local/cuda-11.8"
+LIB64 = f"{CUDA}/lib64"
+BACKUP = "/root/fault-backup"
+GPUS_JSON = "/etc/nvidia-standin/gpus.json"
+LOGIN_ONLY = "/etc/profile.d/cuda-ld-library-path.sh"
+STRAY_CONF = "/etc/ld.so.conf.d/00-cuda-12.2.conf"
+
+
+class Fault:
+    """A fault: shell to apply and to undo it on a host, files to copy in first, extra vars."""
+
+    def __init__(self, apply: str, undo: str, copy: dict[str, str] | None = None, extra_vars: str | None = None):
+        self.apply, self.undo, self.copy, self.extra_vars = apply, undo, copy or {}, extra_vars
+
+
+def faults(standins: Path) -> dict[str, Fault]:
+    cudnn85 = standins / "libs" / "cudnn-8.5.0.96" / "libcudnn.so.8.5.0"
+    cuda122 = standins / "libs" / "cuda-12.2.2" / "libcudart.so.12.2.140"
+    return {
+        "libcudnn_removed": Fault(
+            f"mkdir -p {BACKUP} && mv {LIB64}/libcudnn.so* {BACKUP}/ && ldconfig",
+            f"mv {BACKUP}/libcudnn.so* {LIB64}/ && ldconfig",
+        ),
+        # ldconfig points libcudnn.so.8 at the newest file with that soname, so 8.6 leaves the folder.
+        "cudnn_8_5": Fault(
+            f"mkdir -p {BACKUP} && mv {LIB64}/libcudnn.so.8.6.0 {BACKUP}/ && cp /tmp/libcudnn.so.8.5.0 {LIB64}/ "
+            f"&& ln -sfn libcudnn.so.8.5.0 {LIB64}/libcudnn.so.8 && ldconfig",
+            f"rm {LIB64}/libcudnn.so.8.5.0 && mv {BACKUP}/libcudnn.so.8.6.0 {LIB64}/ "
+            f"&& ln -sfn libcudnn.so.8.6.0 {LIB64}/libcudnn.so.8 && ldconfig",
+            copy={str(cudnn85): "/tmp/libcudnn.so.8.5.0"},
+        ),
+        "cuda12_runtime_first": Fault(
+            "mkdir -p /usr/local/cuda-12.2/lib64 && cp /tmp/libcudart.so.12.2.140 /usr/local/cuda-12.2/lib64/ "
+            "&& ln -sfn libcudart.so.12.2.140 /usr/local/cuda-12.2/lib64/libcudart.so.12 "
+            f"&& echo /usr/local/cuda-12.2/lib64 > {STRAY_CONF} && ldconfig",
+            f"rm -rf /usr/local/cuda-12.2 {STRAY_CONF} && ldconfig",
+            copy={str(cuda122): "/tmp/libcudart.so.12.2.140"},
+        ),
+        "login_shells_only": Fault(
+            f"mkdir -p {BACKUP} && mv /etc/ld.so.conf.d/gpu-env.conf {BACKUP}/ "
+            f"&& echo 'export LD_LIBRARY_PATH={LIB64}${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}' > {LOGIN_ONLY} "
+            "&& ldconfig",
+            f"mv {BACKUP}/gpu-env.conf /etc/ld.so.conf.d/ && rm {LOGIN_ONLY} && ldconfig",
+        ),
+        "gpu_fell_off_bus": Fault(
+            f"mkdir -p {BACKUP} && cp {GPUS_JSON} {BACKUP}/gpus.json && cp /tmp/one-missing.json {GPUS_JSON}",
+            f"cp {BACKUP}/gpus.json {GPUS_JSON}",
+            copy={str(ROOT / "tests/fixtures/nvidia/gpus/2xA100-one-missing.json"): "/tmp/one-missing.json"},
+        ),
+        # The kernel module still loaded is 515 while user space is 520 (an upgrade without reboot).
+        "module_mismatch": Fault(
+            f"mkdir -p {BACKUP} && cp {GPUS_JSON} {BACKUP}/gpus.json && python3 -c "
+            + shlex.quote(
+                f"import json; p = '{GPUS_JSON}'; d = json.load(open(p)); "
+                "d['kernel_module_version'] = '515.65.01'; json.dump(d, open(p, 'w'))"
+            ),
+            f"cp {BACKUP}/gpus.json {GPUS_JSON}",
+        ),
+        "nan_loss": Fault("true", "true", extra_vars="gpu_verify_fit_learning_rate=1e30"),
+    }
+
+
+# Each round: {host: fault}; a fault with extra vars runs alone (they apply to the whole play).
+ROUNDS = [
+    {A: "libcudnn_removed", B: "cudnn_8_5"},
+    {A: "cuda12_runtime_first", B: "login_shells_only"},
+    {A: "gpu_fell_off_bus", B: "module_mismatch"},
+    {A: "nan_loss"},
+]
+
+# fault -> (check, texts the cause must contain, text the fix must contain)
+EXPECTED = {
+    "libcudnn_removed": ("libcudnn", ["Cannot load libcudnn.so.8", "/etc/ld.so.conf.d"], "cudnn"),
+    "cudnn_8_5": ("libcudnn", ["is 8.5.0, the stack pins 8.6", "refuses it"], "another cuDNN"),
+    "cuda12_runtime_first": (
+        "libcudart",
+        ["CUDA 12 runtime /usr/local/cuda-12.2/lib64/libcudart.so.12", STRAY_CONF, "before the pinned CUDA 11.8"],
+        "remove /usr/local/cuda-12.2/lib64",
+    ),
+    "login_shells_only": (
+        "libcudart",
+        [f"It is installed at {LIB64}/libcudart.so.11.0", f"only {LOGIN_ONLY} add it", "login shells"],
+        "/etc/ld.so.conf.d/",
+    ),
+    "gpu_fell_off_bus": (
+        "gpu_count",
+        ["Expected 2 GPUs, nvidia-smi sees 1", "on the PCI bus but not in nvidia-smi: 00000000:0F:00.0"],
+        "fallen off the bus",
+    ),
+    "module_mismatch": (
+        "driver",
+        ["Driver/library version mismatch", "Failed to initialize NVML"],
+        "reboot",
+    ),
+    "nan_loss": ("fit", ["Loss is not finite"], "learning rate"),
+}
+
+
+def podman(*args: str) -> subprocess.CompletedProcess:
+    done = subprocess.run(["podman", *args], capture_output=True, text=True)
+    assert done.returncode == 0, f"podman {' '.join(args)}: {done.stderr}"
+    return done
+
+
+def shell(host: str, script: str) -> None:
+    podman("exec", host, "sh", "-ec", script)
+
+
+@pytest.fixture(scope="module")
+def standins(tmp_path_factory) -> Path:
+    """The extra stand-ins the faults need: cuDNN 8.5 for CUDA 11 and a CUDA 12.2 runtime."""
+    out = tmp_path_factory.mktemp("fault-standins")
+    subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "tests/fixtures/nvidia/build_standins.py"),
+            "--out",
+            str(out),
+            "--cuda",
+            "12.2.2:535.104.05:12.2.140",
+            "--cudnn",
+            "8.5.0.96:11",
+        ],
+        check=True,
+        capture_output=True,
+    )
+    return out
+
+
+def verify_run(tmp_path_factory, hosts: list[str], *extra: str) -> tuple[subprocess.CompletedProcess, dict]:
+    """Run playbooks/verify.yml on ``hosts``; returns the run and the fleet-report.json it wrote."""
+    reports = tmp_path_factory.mktemp("reports")
+    run = run_playbook(
+        "playbooks/verify.yml",
+        os.environ["MOLECULE_INVENTORY_FILE"],
+        "--limit",
+        ",".join(hosts),
+        "-e",
+        f"gpu_verify_report_dir={reports}",
+        *extra,
+    )
+    path = reports / "fleet-report.json"
+    assert path.exists(), run.stdout[-4000:]
+    return run, json.loads(path.read_text())
+
+
+@pytest.fixture(scope="module")
+def healthy(tmp_path_factory):
+    return verify_run(tmp_path_factory, [A, B])
+
+
+@pytest.fixture(scope="module")
+def multiworker(tmp_path_factory, healthy):
+    return verify_run(tmp_path_factory, [A, B], "-e", "gpu_verify_multiworker=true")
+
+
+@pytest.fixture(scope="module")
+def fault_reports(tmp_path_factory, standins, multiworker) -> dict[str, tuple[subprocess.CompletedProcess, dict]]:
+    """Every round: apply, verify, undo; ``{fault: (run, report)}``."""
+    known = faults(standins)
+    found: dict[str, tuple[subprocess.CompletedProcess, dict]] = {}
+    for round_ in ROUNDS:
+        applied = []
+        try:
+            for host, name in round_.items():
+                for src, dest in known[name].copy.items():
+                    podman("cp", src, f"{host}:{dest}")
+                shell(host, known[name].apply)
+                applied.append((host, name))
+            extra = [arg for _, name in applied if known[name].extra_vars for arg in ("-e", known[name].extra_vars)]
+            result = verify_run(tmp_path_factory, list(round_), *extra)
+            for _, name in applied:
+                found[name] = result
+        finally:
+            for host, name in reversed(applied):
+                shell(host, known[name].undo)
+    return found
+
+
+def _host(report: dict, host: str) -> dict:
+    return report["hosts"][host]
+
+
+def test_healthy_hosts_pass_with_no_problem(healthy):
+    run, report = healthy
+    assert run.returncode == 0, run.stdout[-4000:]
+    for host in (A, B):
+        assert _host(report, host)["status"] == "PASS"
+        assert _host(report, host)["problems"] == []
+    # Three counts agree: PCI (the lspci stand-in), NVML and the inventory.
+    doc = _host(report, A)["results"][0]
+    assert doc["gpus"]["pci_bus_ids"] == ["00000000:07:00.0", "00000000:0F:00.0"]
+    assert doc["gpus"]["seen"] == doc["gpus"]["expected"] == 2
+
+
+def test_multiworker_fit_across_two_hosts(multiworker):
+    run, report = multiworker
+    assert run.returncode == 0, run.stdout[-4000:]
+    summary = report["multiworker"]
+    assert summary["workers"] == 2
+    assert summary["status"] == "PASS"
+    assert summary["chief"] == A
+    # One replica per worker on the sandbox's CPUs: 2 in sync across the hosts.
+    assert summary["num_replicas_in_sync"] == 2
+    assert summary["samples_per_second"] > 0
+    for host in (A, B):
+        doc = _host(report, host)["results"][0]
+        assert doc["multiworker"]["workers"] == 2
+        assert doc["fit"]["loss_end"] < doc["fit"]["loss_start"]
+
+
+def test_the_faults_leave_the_hosts_healthy_again(fault_reports, tmp_path_factory):
+    run, report = verify_run(tmp_path_factory, [A, B])
+    assert run.returncode == 0, run.stdout[-4000:]
+    assert all(_host(report, h)["status"] == "PASS" for h in (A, B))
+
+
+@pytest.mark.parametrize("fault", sorted(EXPECTED))
+def test_fault_is_reported_with_its_cause(fault_reports, fault):
+    run, report = fault_reports[fault]
+    host = next(h for round_ in ROUNDS for h, name in round_.items() if name == fault)
+    check, causes, fix = EXPECTED[fault]
+    assert run.returncode != 0, f"{fault}: the run must fail"
+    entry = _host(report, host)
+    assert entry["status"] == "FAIL"
+    matching = [p for p in entry["problems"] if p["check"] == check]
+    assert matching, f"{fault}: no {check} problem in {entry['problems']}"
+    text = " ".join(p["cause"] for p in matching)
+    for part in causes:
+        assert part in text, f"{fault}: {part!r} not in {text!r}"
+    assert any(fix.lower() in p["fix"].lower() for p in matching), (
+        f"{fault}: {fix!r} not in {[p['fix'] for p in matching]}"
+    )
+    # The failing task names the cause too, not only the report.
+    assert causes[0] in run.stdout
+
+
+def test_login_shells_do_find_the_runtime_under_that_fault(standins):
+    """The login-only fault is what it claims: a login shell loads libcudart, a plain command does not."""
+    fault = faults(standins)["login_shells_only"]
+    shell(A, fault.apply)
+    try:
+        probe = "python3 -c 'import ctypes; ctypes.CDLL(\"libcudart.so.11.0\")'"
+        assert subprocess.run(["podman", "exec", A, "bash", "-lc", probe]).returncode == 0
+        assert subprocess.run(["podman", "exec", A, "sh", "-c", probe], capture_output=True).returncode != 0
+    finally:
+        shell(A, fault.undo)
+
+
+def test_a_worker_that_never_joins_fails_within_the_time_limit(tmp_path_factory, fault_reports):
+    """B's address in TF_CONFIG leads nowhere (TEST-NET-1): the cluster never forms, and every
+    worker is killed at gpu_verify_timeout and reported, instead of hanging the run."""
+    extra_inventory = tmp_path_factory.mktemp("inventory") / "unreachable.yml"
+    extra_inventory.write_text(
+        json.dumps({"gpu_hosts": {"hosts": {B: {"gpu_verify_multiworker_address": "192.0.2.1"}}}})
+    )
+    run, report = verify_run(
+        tmp_path_factory,
+        [A, B],
+        "-i",
+        str(extra_inventory),
+        "-e",
+        "gpu_verify_multiworker=true",
+        "-e",
+        "gpu_verify_timeout=45",
+    )
+    assert run.returncode != 0
+    assert report["multiworker"]["status"] == "FAIL"
+    chief = _host(report, A)["results"][0]
+    assert chief["fit"]["timed_out"] is True
+    assert any("did not finish within 45 s" in p["cause"] for p in _host(report, A)["problems"])
+
+
+def test_testinfra_sees_the_restored_toolkit(host):
+    assert host.file(f"{LIB64}/libcudnn.so.8").linked_to.endswith("libcudnn.so.8.6.0")
+    assert not host.file(STRAY_CONF).exists
+    assert testinfra.get_host(f"podman://{B}").file("/etc/ld.so.conf.d/gpu-env.conf").exists
