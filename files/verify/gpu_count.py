@@ -401,6 +401,33 @@ def check_gpus(
     return evaluate(expected, result, nvidia_smi, lspci_bus_ids(lspci, timeout), loaded_module_version())
 
 
+def busy_gpus_text(text: str, devices: Sequence[dict[str, Any]]) -> str | None:
+    """Processes holding GPU memory, from ``nvidia-smi --query-compute-apps=pid,process_name,
+    gpu_uuid,used_memory --format=csv,noheader,nounits`` output (``used_memory`` in MiB), as one
+    phrase: "GPU 0: PID 4242 python3 (30512 MiB); GPU 1: ...".  ``devices`` (this module's device
+    records) map UUIDs to indexes.  None when no process holds a GPU."""
+    index_of = {d.get("uuid"): d.get("index") for d in devices}
+    parts = []
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.split(",")]
+        if len(cells) != 4 or not cells[0].isdigit():
+            continue
+        pid, name, uuid, used = cells
+        where = f"GPU {index_of[uuid]}" if uuid in index_of else uuid
+        parts.append(f"{where}: PID {pid} {name} ({used} MiB)")
+    return "; ".join(parts) or None
+
+
+def busy_gpus(nvidia_smi: str, devices: Sequence[dict[str, Any]], timeout: float = 30.0) -> str | None:
+    """Run the compute-apps query (see :func:`busy_gpus_text`); None when nothing runs or
+    nvidia-smi fails."""
+    result = run_command(
+        [nvidia_smi, "--query-compute-apps=pid,process_name,gpu_uuid,used_memory", "--format=csv,noheader,nounits"],
+        timeout,
+    )
+    return busy_gpus_text(result.stdout, devices) if result.rc == 0 else None
+
+
 def add_tool_arguments(parser: argparse.ArgumentParser) -> None:
     """Add ``--nvidia-smi PATH``, ``--lspci PATH`` and ``--no-lspci`` (shared with gpu_verify.py)."""
     parser.add_argument("--nvidia-smi", default="nvidia-smi", help="nvidia-smi path (default: from PATH)")

@@ -154,6 +154,28 @@ def tf_loaded_library_problems(
     return problems
 
 
+OOM_CAUSE = "Out of GPU memory"  # fit.classify_exception's cause for ResourceExhaustedError
+
+
+def explain_oom(fit_problems: list[Problem], busy: str | None) -> list[Problem]:
+    """Add the processes holding GPU memory (``busy``, from :func:`gpu_count.busy_gpus`) and the
+    memory-growth fact to an out-of-memory problem of the fit; other problems pass unchanged."""
+    explained: list[Problem] = []
+    for found in fit_problems:
+        if str(found.get("cause", "")).startswith(OOM_CAUSE):
+            others = f" Other processes hold GPU memory: {busy}." if busy else " No other process holds GPU memory."
+            fix = found.get("fix", "")
+            if busy:
+                fix = (
+                    "Stop those processes or verify when the GPUs are idle; the fit already sets memory growth on "
+                    "every GPU before any op (tf.config.experimental.set_memory_growth), so TensorFlow takes only "
+                    "what it needs"
+                )
+            found = problem(found["check"], found["cause"] + others, fix)
+        explained.append(found)
+    return explained
+
+
 def mode_note(cpu_replicas: int, multiworker: dict[str, Any] | None = None) -> str | None:
     """Plain statement of how the fit ran when that is not "this host's GPUs" (None then).
 
@@ -537,6 +559,8 @@ def verify(args: argparse.Namespace) -> dict[str, Any]:
     problems += libraries.mixed_cuda_major_problems(
         [entry["path"] for entries in (fit.get("loaded_libraries") or {}).values() for entry in entries]
     )
+    if any(str(p.get("cause", "")).startswith(OOM_CAUSE) for p in fit_problems):
+        fit_problems = explain_oom(fit_problems, gpu_count.busy_gpus(args.nvidia_smi, gpus.get("devices") or []))
     problems += fit_problems
     if scaling is not None and "problems" in scaling:
         found = scaling.pop("problems")

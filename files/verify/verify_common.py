@@ -30,7 +30,8 @@ def problem(check: str, cause: str, fix: str) -> Problem:
 
     Args:
         check: which check failed (``gpu_count``, ``libcuda``, ``libcudart``, ``libcudnn``,
-            ``driver``, ``tensorflow``, ``fit``).
+            ``libraries`` (mixed CUDA majors), ``driver``, ``tensorflow``, ``fit``, ``multiworker``,
+            ``scaling``).
         cause: what is wrong, with the numbers/paths involved.
         fix: what an administrator should do about it; starts with a capital (it follows the
             cause as a sentence of its own).

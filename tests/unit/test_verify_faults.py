@@ -246,3 +246,35 @@ def test_gpu_count_names_the_missing_bus_id_with_both_standins(nvidia_smi_standi
     assert found["cause"] == (
         "Expected 2 GPUs, nvidia-smi sees 1 (1 missing); on the PCI bus but not in nvidia-smi: 00000000:0F:00.0."
     )
+
+
+# --- out of memory: who holds the GPUs ------------------------------------------------------
+
+
+def test_busy_gpus_names_pids_per_gpu(nvidia_smi_standin, tmp_path):
+    description = json.loads((GPUS / "2xA100-SXM4-80GB.json").read_text())
+    uuid1 = description["gpus"][1]["uuid"]
+    description["compute_apps"] = [
+        {"pid": 4242, "process_name": "python3", "gpu_uuid": uuid1, "used_memory_mib": 79000}
+    ]
+    path = tmp_path / "gpus.json"
+    path.write_text(json.dumps(description))
+    smi = nvidia_smi_standin.run(
+        "--query-compute-apps=pid,process_name,gpu_uuid,used_memory", "--format=csv,noheader,nounits", description=path
+    )
+    devices = [{"index": i, "uuid": g["uuid"]} for i, g in enumerate(description["gpus"])]
+    assert gpu_count.busy_gpus_text(smi.stdout, devices) == "GPU 1: PID 4242 python3 (79000 MiB)"
+    assert gpu_count.busy_gpus_text("", devices) is None
+
+
+def test_out_of_memory_problem_gets_the_busy_gpus_and_memory_growth():
+    import gpu_verify
+
+    oom = {"check": "fit", "cause": "Out of GPU memory during the fit (ResourceExhaustedError: OOM).", "fix": "x"}
+    other = {"check": "fit", "cause": "Loss is not finite.", "fix": "y"}
+    (explained, untouched) = gpu_verify.explain_oom([oom, other], "GPU 1: PID 4242 python3 (79000 MiB)")
+    assert explained["cause"].endswith("Other processes hold GPU memory: GPU 1: PID 4242 python3 (79000 MiB).")
+    assert "set_memory_growth" in explained["fix"]
+    assert untouched == other
+    (alone,) = gpu_verify.explain_oom([oom], None)
+    assert alone["cause"].endswith("No other process holds GPU memory.") and alone["fix"] == "X"

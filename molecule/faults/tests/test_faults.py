@@ -177,7 +177,8 @@ def healthy(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def multiworker(tmp_path_factory, healthy):
-    return verify_run(tmp_path_factory, [A, B], "-e", "gpu_verify_multiworker=true")
+    # A hang shows at the time limit; 240 s is ample for the sandbox's fit (about 10 s).
+    return verify_run(tmp_path_factory, [A, B], "-e", "gpu_verify_multiworker=true", "-e", "gpu_verify_timeout=240")
 
 
 @pytest.fixture(scope="module")
