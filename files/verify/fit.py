@@ -244,6 +244,24 @@ MULTIWORKER_MARKERS = (
 )
 
 
+REMOTE_TASK_RE = re.compile(r"remote target (/job:\w+/replica:\d+/task:(\d+))")
+
+
+def multiworker_detail(message: str, first: str) -> str:
+    """The informative part of a gRPC/collective error for the cause (300 characters at most):
+    the line that says what was aborted (e.g. "Collective ops is aborted by: failed to connect to
+    all addresses", deep inside Keras' "Graph execution error" text), and the remote task it came
+    from when TensorFlow names one ("from worker task 1")."""
+    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
+    telling = [line for line in lines if any(marker in line.lower() for marker in MULTIWORKER_MARKERS)]
+    # TensorFlow prefixes the op's name ("{{function_node __wrapped__CollectiveReduceV2...}}").
+    detail = re.sub(r"^\{\{function_node [^}]*\}\}\s*", "", telling[0] if telling else (lines[0] if lines else ""))
+    remote = REMOTE_TASK_RE.search(message)
+    if remote:
+        detail += f"; gRPC error from worker task {remote.group(2)} ({remote.group(1)})"
+    return detail[:300] or first
+
+
 def classify_exception(type_name: str, message: str) -> tuple[str, str]:
     """Likely (cause, fix) for an exception raised by the fit, from TensorFlow's error texts.
 
@@ -304,15 +322,9 @@ def classify_exception(type_name: str, message: str) -> tuple[str, str]:
         or "DEADLINE_EXCEEDED" in message
         or any(marker in text for marker in MULTIWORKER_MARKERS)
     ):
-        # TensorFlow prefixes the op's name ("{{function_node __wrapped__CollectiveReduceV2...}}").
-        detail = (
-            re.sub(r"^\{\{function_node [^}]*\}\}\s*", "", message.strip().splitlines()[0] if message.strip() else "")[
-                :300
-            ]
-            or first
-        )
         return (
-            f"A worker of the multi-worker cluster could not be reached or stopped answering ({type_name}: {detail}).",
+            f"A worker of the multi-worker cluster could not be reached or stopped answering "
+            f"({type_name}: {multiworker_detail(message, first)}).",
             MULTIWORKER_FIX,
         )
     if "nccl" in text:

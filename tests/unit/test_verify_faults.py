@@ -278,3 +278,23 @@ def test_out_of_memory_problem_gets_the_busy_gpus_and_memory_growth():
     assert untouched == other
     (alone,) = gpu_verify.explain_oom([oom], None)
     assert alone["cause"].endswith("No other process holds GPU memory.") and alone["fix"] == "X"
+
+
+def test_unreachable_worker_quotes_the_aborted_collective_and_the_task():
+    import fit
+
+    message = (
+        "Graph execution error:\n\nDetected at node 'CollectiveReduceV2' defined at (most recent call last):\n"
+        '    File "/opt/gpu-verify/fit.py", line 668, in <module>\n'
+        "Node: 'CollectiveReduceV2'\n"
+        "Collective ops is aborted by: failed to connect to all addresses\n"
+        "Additional GRPC error information from remote target /job:worker/replica:0/task:1:\n"
+        ':{"created":"@1795980846.893561605","description":"Failed to pick subchannel"}\n'
+    )
+    cause, fix = fit.classify_exception("UnavailableError", message)
+    assert cause == (
+        "A worker of the multi-worker cluster could not be reached or stopped answering (UnavailableError: "
+        "Collective ops is aborted by: failed to connect to all addresses; gRPC error from worker task 1 "
+        "(/job:worker/replica:0/task:1))."
+    )
+    assert "gpu_verify_multiworker_port" in fix

@@ -274,9 +274,10 @@ def test_login_shells_do_find_the_runtime_under_that_fault(standins):
         shell(A, fault.undo)
 
 
-def test_a_worker_that_never_joins_fails_within_the_time_limit(tmp_path_factory, fault_reports):
-    """B's address in TF_CONFIG leads nowhere (TEST-NET-1): the cluster never forms, and every
-    worker is killed at gpu_verify_timeout and reported, instead of hanging the run."""
+def test_a_worker_that_cannot_be_reached_fails_the_cluster_in_time(tmp_path_factory, fault_reports):
+    """B's address in TF_CONFIG leads nowhere (TEST-NET-1): the cluster never forms. Every worker
+    stops with a cause, by TensorFlow's own gRPC error or at gpu_verify_timeout, instead of
+    hanging the run."""
     extra_inventory = tmp_path_factory.mktemp("inventory") / "unreachable.yml"
     extra_inventory.write_text(
         json.dumps({"gpu_hosts": {"hosts": {B: {"gpu_verify_multiworker_address": "192.0.2.1"}}}})
@@ -293,9 +294,11 @@ def test_a_worker_that_never_joins_fails_within_the_time_limit(tmp_path_factory,
     )
     assert run.returncode != 0
     assert report["multiworker"]["status"] == "FAIL"
-    chief = _host(report, A)["results"][0]
-    assert chief["fit"]["timed_out"] is True
-    assert any("did not finish within 45 s" in p["cause"] for p in _host(report, A)["problems"])
+    assert "192.0.2.1:12345" in report["multiworker"]["cluster"]
+    chief = _host(report, A)
+    causes = " ".join(p["cause"] for p in chief["problems"] if p["check"] == "fit")
+    assert "could not be reached" in causes or "did not finish within 45 s" in causes, causes
+    assert chief["results"][0]["seconds"] < 45 + 60
 
 
 def test_testinfra_sees_the_restored_toolkit(host):
