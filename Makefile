@@ -1,6 +1,6 @@
 # make demo   - the main job end to end on the built-in sandbox host
 # make test   - lint, unit tests, Molecule default (check -> converge -> idempotence -> verify) and
-#               preflight and artifacts scenarios, bad-input and air-gap runs
+#               preflight, artifacts and faults scenarios, bad-input, air-gap and HTML-report runs
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 VENV := .venv

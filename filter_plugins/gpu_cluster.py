@@ -17,6 +17,8 @@ from typing import Any
 from ansible.errors import AnsibleFilterError
 
 ADDRESS_VAR = "__gpu_verify_mw_address"
+PORT_VAR = "__gpu_verify_mw_port"
+READY_VAR = "__gpu_verify_mw_ready"
 
 
 def worker_endpoint(address: str, port: int) -> str:
@@ -26,32 +28,46 @@ def worker_endpoint(address: str, port: int) -> str:
     return f"{address}:{port}"
 
 
-def gpu_tf_config(hosts: list[str], hostvars: Any, port: Any) -> dict[str, dict]:
+def _port(host: str, value: Any) -> int:
+    try:
+        port = int(value)
+    except (TypeError, ValueError):
+        port = 0
+    if not 1 <= port <= 65535:
+        raise AnsibleFilterError(f"gpu_verify_multiworker_port of {host} must be a TCP port 1-65535, got {value!r}.")
+    return port
+
+
+def gpu_tf_config(hosts: list[str], hostvars: Any, all_hosts: list[str] | None = None) -> dict[str, dict]:
     """TF_CONFIG (as a dict; ``| to_json`` makes the environment value) per host, keyed by
     inventory hostname.
 
     Args:
         hosts: the workers, in order (``ansible_play_hosts``); the first is the chief.
-        hostvars: Ansible's ``hostvars``; each host's ``__gpu_verify_mw_address`` (set from
-            ``gpu_verify_multiworker_address``) is where the other workers reach it.
-        port: TCP port every worker listens on (1-65535).
+        hostvars: Ansible's ``hostvars``. Per host: ``__gpu_verify_mw_address`` (from
+            ``gpu_verify_multiworker_address``: where the other workers reach it),
+            ``__gpu_verify_mw_port`` (``gpu_verify_multiworker_port``: the TCP port it listens on;
+            hosts may differ) and ``__gpu_verify_mw_ready`` (its venv exists).
+        all_hosts: every host the play started with (``ansible_play_hosts_all``), to name the
+            ones that dropped out before this point.
 
     Raises:
-        AnsibleFilterError: fewer than 2 hosts, a bad port, a host without an address, or two
-            workers with the same address and port; the message names the variable to fix.
+        AnsibleFilterError: fewer than 2 hosts, a bad port, a host without an address or without
+            the venv, or two workers on the same address and port; the message names the hosts
+            and the variable to fix. Raised on every host before any worker starts.
     """
-    try:
-        port = int(port)
-    except (TypeError, ValueError):
-        port = 0
-    if not 1 <= port <= 65535:
-        raise AnsibleFilterError(
-            f"gpu_verify_multiworker_port must be a TCP port 1-65535, got {port!r}; set it in the inventory."
-        )
+    dropped = [h for h in (all_hosts or []) if h not in hosts]
     if len(hosts) < 2:
+        gone = f"; {', '.join(dropped)} failed or were unreachable earlier in this run" if dropped else ""
         raise AnsibleFilterError(
-            f"The multi-worker check needs at least 2 hosts in the play, got {len(hosts)} ({', '.join(hosts)}): "
+            f"The multi-worker check needs at least 2 hosts in the play, got {len(hosts)} ({', '.join(hosts)}){gone}: "
             "run playbooks/verify.yml -e gpu_verify_multiworker=true against a group of 2 or more reachable hosts."
+        )
+    not_ready = [h for h in hosts if not hostvars[h].get(READY_VAR, True)]
+    if not_ready:
+        raise AnsibleFilterError(
+            f"The default stack's venv is missing on {', '.join(not_ready)}; every worker needs it, so no worker "
+            "was started: run playbooks/tensorflow.yml (or site.yml) for those hosts first."
         )
     endpoints = []
     for host in hosts:
@@ -62,14 +78,14 @@ def gpu_tf_config(hosts: list[str], hostvars: Any, port: Any) -> dict[str, dict]
                 "for it (an address the other workers can reach), or gather facts so its default IPv4 "
                 "address is known."
             )
-        endpoints.append(worker_endpoint(address, port))
+        endpoints.append(worker_endpoint(address, _port(host, hostvars[host].get(PORT_VAR))))
     clashes = sorted({e for e in endpoints if endpoints.count(e) > 1})
     if clashes:
         owners = {e: [h for h, x in zip(hosts, endpoints) if x == e] for e in clashes}
         raise AnsibleFilterError(
             "Two workers would listen on the same address and port: "
             + "; ".join(f"{e}: {', '.join(owners[e])}" for e in clashes)
-            + ". Give each host its own gpu_verify_multiworker_address."
+            + ". Give each host its own gpu_verify_multiworker_address (or port)."
         )
     return {
         host: {"cluster": {"worker": list(endpoints)}, "task": {"type": "worker", "index": index}}

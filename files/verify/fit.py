@@ -47,7 +47,16 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from verify_common import EXIT_CHECK_FAILED, EXIT_OK, Problem, dumps, non_negative_int, positive_int, problem
+from verify_common import (
+    EXIT_CHECK_FAILED,
+    EXIT_OK,
+    Problem,
+    dumps,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    problem,
+)
 
 DEFAULT_LEARNING_RATE = 0.01
 NCCL_HANG_FIX = (
@@ -167,6 +176,27 @@ def _finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value)
 
 
+def nonfinite_fix(learning_rate: Any, mixed_precision: bool) -> str:
+    """Fix for a non-finite loss: the fit's own settings first when they explain it (a learning
+    rate above the default, float16), else the hardware."""
+    hardware = (
+        "check `dmesg | grep -i xid` for GPU memory errors and run `nvidia-smi -q -d ECC`; a "
+        "cuDNN/driver mismatch can also do this"
+    )
+    if isinstance(learning_rate, (int, float)) and learning_rate > DEFAULT_LEARNING_RATE:
+        return (
+            f"the learning rate {learning_rate:g} is above the default {DEFAULT_LEARNING_RATE} "
+            "(gpu_verify_fit_learning_rate), so the weights overflowed: rerun with the default; if the "
+            "loss is still not finite, " + hardware
+        )
+    if mixed_precision:
+        return (
+            "float16 overflowed under mixed_float16: rerun without gpu_verify_mixed_precision; if it persists, "
+            + hardware
+        )
+    return "the device computes garbage: " + hardware
+
+
 def check_fit(result: dict[str, Any], expected_replicas: int) -> list[Problem]:
     """Checks on a finished fit: replica count, finite losses, falling loss.
 
@@ -210,10 +240,7 @@ def check_fit(result: dict[str, Any], expected_replicas: int) -> list[Problem]:
                 f"Loss is not finite (start {result.get('loss_start')}, end {result.get('loss_end')}, "
                 f"per epoch {result.get('loss_history')}; learning rate {result.get('learning_rate')}"
                 f"{', mixed_float16' if result.get('mixed_precision') else ''}).",
-                "the device computes garbage: check `dmesg | grep -i xid` for GPU memory errors and "
-                "run `nvidia-smi -q -d ECC`; a cuDNN/driver mismatch can also do this. If the learning "
-                f"rate was raised from the default {DEFAULT_LEARNING_RATE} (gpu_verify_fit_learning_rate) "
-                "or mixed precision is on, the numbers themselves overflowed: rerun with the defaults",
+                nonfinite_fix(result.get("learning_rate"), bool(result.get("mixed_precision"))),
             )
         )
     elif not result["loss_end"] < result["loss_start"]:
@@ -641,9 +668,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--learning-rate",
-        type=float,
+        type=positive_float,
         default=DEFAULT_LEARNING_RATE,
-        help="Adam learning rate (default 0.01)",
+        help="Adam learning rate, a finite number > 0 (default 0.01)",
     )
     parser.add_argument(
         "--seed",

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import tempfile
 from typing import Any, Dict
@@ -107,8 +108,9 @@ def non_negative_int(text: str) -> int:
 
 
 def positive_float(text: str) -> float:
-    """argparse type: a number > 0 (seconds, for time limits); raises argparse.ArgumentTypeError otherwise."""
+    """argparse type: a finite number > 0 (seconds for time limits, a fraction for thresholds, a
+    learning rate); raises argparse.ArgumentTypeError otherwise (also for nan and inf)."""
     value = float(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {value}")
     return value

@@ -252,7 +252,7 @@ def test_stdin_input(tmp_path: Path) -> None:
     out = io.StringIO()
     stdin = io.StringIO(json.dumps({"gpu01": passing_doc()}))
     assert fleet_report.main(["--input", "-", "--out-dir", str(tmp_path)], stdin=stdin, stdout=out) == 0
-    assert (tmp_path / "fleet-report.md").exists() and "1 hosts: 1 passed, 0 failed" in out.getvalue()
+    assert (tmp_path / "fleet-report.md").exists() and "1 host: 1 passed, 0 failed" in out.getvalue()
 
 
 @pytest.mark.parametrize("text", ["not json", "[1, 2]", ""])

@@ -18,36 +18,68 @@ import gpu_cluster
 import gpu_report
 
 
-def hostvars(**addresses: str) -> dict:
-    return {host: {"__gpu_verify_mw_address": address} for host, address in addresses.items()}
+def hostvars(ports: dict | None = None, ready: dict | None = None, **addresses: str) -> dict:
+    return {
+        host: {
+            "__gpu_verify_mw_address": address,
+            "__gpu_verify_mw_port": (ports or {}).get(host, 2222),
+            "__gpu_verify_mw_ready": (ready or {}).get(host, True),
+        }
+        for host, address in addresses.items()
+    }
 
 
 def test_tf_config_lists_every_worker_in_play_order_and_gives_each_its_index():
-    configs = gpu_cluster.gpu_tf_config(["gpu01", "gpu02"], hostvars(gpu01="10.0.0.1", gpu02="fd00::2"), "2222")
+    configs = gpu_cluster.gpu_tf_config(
+        ["gpu01", "gpu02"], hostvars(ports={"gpu02": "3333"}, gpu01="10.0.0.1", gpu02="fd00::2")
+    )
     assert configs == {
-        "gpu01": {"cluster": {"worker": ["10.0.0.1:2222", "[fd00::2]:2222"]}, "task": {"type": "worker", "index": 0}},
-        "gpu02": {"cluster": {"worker": ["10.0.0.1:2222", "[fd00::2]:2222"]}, "task": {"type": "worker", "index": 1}},
+        "gpu01": {"cluster": {"worker": ["10.0.0.1:2222", "[fd00::2]:3333"]}, "task": {"type": "worker", "index": 0}},
+        "gpu02": {"cluster": {"worker": ["10.0.0.1:2222", "[fd00::2]:3333"]}, "task": {"type": "worker", "index": 1}},
     }
 
 
 @pytest.mark.parametrize(
-    "hosts, addresses, port, message",
+    "hosts, variables, all_hosts, message",
     [
-        (["gpu01"], {"gpu01": "10.0.0.1"}, 2222, "needs at least 2 hosts in the play, got 1 (gpu01)"),
-        (["gpu01", "gpu02"], {"gpu01": "10.0.0.1", "gpu02": "10.0.0.2"}, 70000, "must be a TCP port 1-65535"),
-        (["gpu01", "gpu02"], {"gpu01": "10.0.0.1", "gpu02": "10.0.0.2"}, "x", "must be a TCP port 1-65535"),
-        (["gpu01", "gpu02"], {"gpu01": "10.0.0.1", "gpu02": ""}, 2222, "gpu02 has no address"),
+        (["gpu01"], hostvars(gpu01="10.0.0.1"), None, "needs at least 2 hosts in the play, got 1 (gpu01): run"),
+        (
+            ["gpu01"],
+            hostvars(gpu01="10.0.0.1"),
+            ["gpu01", "gpu02"],
+            "got 1 (gpu01); gpu02 failed or were unreachable earlier in this run",
+        ),
         (
             ["gpu01", "gpu02"],
-            {"gpu01": "10.0.0.1", "gpu02": "10.0.0.1"},
-            2222,
+            hostvars(ports={"gpu02": 70000}, gpu01="10.0.0.1", gpu02="10.0.0.2"),
+            None,
+            "gpu_verify_multiworker_port of gpu02 must be a TCP port 1-65535, got 70000",
+        ),
+        (
+            ["gpu01", "gpu02"],
+            hostvars(ports={"gpu01": "x"}, gpu01="10.0.0.1", gpu02="10.0.0.2"),
+            None,
+            "of gpu01 must be a TCP port 1-65535, got 'x'",
+        ),
+        (["gpu01", "gpu02"], hostvars(gpu01="10.0.0.1", gpu02=""), None, "gpu02 has no address"),
+        (
+            ["gpu01", "gpu02"],
+            hostvars(ready={"gpu02": False}, gpu01="10.0.0.1", gpu02="10.0.0.2"),
+            None,
+            "venv is missing on gpu02; every worker needs it, so no worker was started",
+        ),
+        (
+            ["gpu01", "gpu02"],
+            hostvars(gpu01="10.0.0.1", gpu02="10.0.0.1"),
+            None,
             "same address and port: 10.0.0.1:2222: gpu01, gpu02",
         ),
     ],
 )
-def test_tf_config_refuses_a_cluster_that_cannot_form(hosts, addresses, port, message):
-    with pytest.raises(AnsibleFilterError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        gpu_cluster.gpu_tf_config(hosts, hostvars(**addresses), port)
+def test_tf_config_refuses_a_cluster_that_cannot_form(hosts, variables, all_hosts, message):
+    with pytest.raises(AnsibleFilterError) as raised:
+        gpu_cluster.gpu_tf_config(hosts, variables, all_hosts)
+    assert message in str(raised.value)
 
 
 def test_async_status_results_keep_their_stack():
@@ -119,3 +151,19 @@ def test_no_multiworker_section_without_a_multiworker_run():
     report = fleet_report.build_report({"gpu01": {"ok": True, "problems": []}}, None)
     assert report["multiworker"] is None
     assert "Multi-worker" not in fleet_report.format_text(report)
+
+
+def test_notes_show_the_loaded_files_a_skipped_pci_check_and_an_unjudged_scaling_figure():
+    doc = worker(0)
+    doc.update(
+        mode="cpu-replicas",
+        libraries={"libcudart": {"version": "11.8", "path": "/usr/local/cuda-11.8/lib64/libcudart.so.11.8.89"}},
+        gpus={"expected": 2, "seen": 2, "pci_bus_ids": None},
+        scaling={"efficiency": 0.66, "note": "measured on logical CPU devices that share the same cores; not judged"},
+        utilisation={"0": {"utilization_gpu_peak_pct": 0, "memory_used_peak_mib": 0, "samples": 3}},
+    )
+    notes = fleet_report.build_report({"gpu01": [doc]}, None)["hosts"]["gpu01"]["mode_notes"]
+    assert "loaded libcudart 11.8 /usr/local/cuda-11.8/lib64/libcudart.so.11.8.89" in notes
+    assert "PCI cross-check skipped: lspci not found or failed (install pciutils)" in notes
+    assert "scaling efficiency 0.66 measured on logical CPU devices that share the same cores; not judged" in notes
+    assert not any(n.startswith("peak per GPU") for n in notes)

@@ -298,3 +298,23 @@ def test_unreachable_worker_quotes_the_aborted_collective_and_the_task():
         "(/job:worker/replica:0/task:1))."
     )
     assert "gpu_verify_multiworker_port" in fix
+
+
+def test_nonfinite_fix_names_the_learning_rate_first_when_it_was_raised():
+    import fit
+
+    assert fit.nonfinite_fix(1e30, False).startswith(
+        "the learning rate 1e+30 is above the default 0.01 (gpu_verify_fit_learning_rate)"
+    )
+    assert fit.nonfinite_fix(0.01, True).startswith("float16 overflowed under mixed_float16")
+    assert fit.nonfinite_fix(0.01, False).startswith("the device computes garbage")
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-1", "0"])
+def test_time_limits_and_rates_must_be_finite_and_positive(value):
+    import argparse
+
+    from verify_common import positive_float
+
+    with pytest.raises(argparse.ArgumentTypeError, match="must be a finite number > 0"):
+        positive_float(value)

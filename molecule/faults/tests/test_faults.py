@@ -301,6 +301,39 @@ def test_a_worker_that_cannot_be_reached_fails_the_cluster_in_time(tmp_path_fact
     assert chief["results"][0]["seconds"] < 45 + 60
 
 
+def test_check_mode_still_verifies_and_reports_a_broken_host(tmp_path_factory, standins, fault_reports):
+    """--check changes nothing on the host, but the checks are read-only and run for real."""
+    fault = faults(standins)["libcudnn_removed"]
+    shell(A, fault.apply)
+    try:
+        run, report = verify_run(tmp_path_factory, [A], "--check")
+    finally:
+        shell(A, fault.undo)
+    assert run.returncode != 0
+    assert _host(report, A)["status"] == "FAIL"
+    assert any(p["check"] == "libcudnn" for p in _host(report, A)["problems"])
+
+
+def test_a_run_that_stops_early_leaves_no_stale_report(tmp_path_factory, fault_reports):
+    """A multi-worker run on one host stops before the report: the old PASS report is gone."""
+    reports = tmp_path_factory.mktemp("stale")
+    for suffix in ("json", "md", "html", "junit.xml"):
+        (reports / f"fleet-report.{suffix}").write_text("stale PASS")
+    run = run_playbook(
+        "playbooks/verify.yml",
+        os.environ["MOLECULE_INVENTORY_FILE"],
+        "--limit",
+        A,
+        "-e",
+        f"gpu_verify_report_dir={reports}",
+        "-e",
+        "gpu_verify_multiworker=true",
+    )
+    assert run.returncode != 0
+    assert "needs at least 2 hosts in the play, got 1" in run.stdout
+    assert list(reports.iterdir()) == []
+
+
 def test_testinfra_sees_the_restored_toolkit(host):
     assert host.file(f"{LIB64}/libcudnn.so.8").linked_to.endswith("libcudnn.so.8.6.0")
     assert not host.file(STRAY_CONF).exists

@@ -131,6 +131,29 @@ def _utilisation_note(samples: Any) -> str | None:
     return "peak per GPU during the fit: " + ", ".join(parts)
 
 
+def row_facts(doc: Any) -> list[str]:
+    """Notes people need next to a row: the library files really loaded, a PCI cross-check that
+    did not run, a scaling figure that was not judged."""
+    notes = []
+    loaded = [
+        f"{key} {_get(doc, 'libraries', key, 'version')} {_get(doc, 'libraries', key, 'path')}"
+        for key in ("libcuda", "libcudart", "libcudnn")
+        if _get(doc, "libraries", key, "path")
+    ]
+    if loaded:
+        notes.append("loaded " + ", ".join(loaded))
+    gpus = _get(doc, "gpus")
+    if isinstance(gpus, dict) and "pci_bus_ids" in gpus and gpus["pci_bus_ids"] is None:
+        notes.append("PCI cross-check skipped: lspci not found or failed (install pciutils)")
+    if _get(doc, "scaling", "note"):
+        notes.append(f"scaling efficiency {_num(_get(doc, 'scaling', 'efficiency'), 2)} {_get(doc, 'scaling', 'note')}")
+    return notes
+
+
+def _hosts(count: int) -> str:
+    return f"{count} host" + ("" if count == 1 else "s")
+
+
 def _disk_gib(used: Any) -> str:
     """Sum of ``disk_used_bytes`` ({path: bytes}: toolkits, venv, artifact cache) in GiB, or '-'."""
     if not isinstance(used, dict) or not used:
@@ -174,7 +197,8 @@ def build_row(host: str, doc: Any) -> dict[str, Any]:
         "problems": ("TIMED OUT " if _get(doc, "fit", "timed_out") else "") + problems_cell,
         "_problems": problems,
         "_mode_note": _get(doc, "mode_note"),
-        "_utilisation": _utilisation_note(_get(doc, "utilisation")),
+        "_utilisation": None if _get(doc, "mode") == "cpu-replicas" else _utilisation_note(_get(doc, "utilisation")),
+        "_facts": row_facts(doc),
         "_overridden": [
             f"preflight check {p.get('check')} overridden: {p.get('cause')}"
             for p in (_get(doc, "preflight_overridden") or [])
@@ -273,7 +297,8 @@ def build_report(results: dict[str, Any], run_id: str | None, now: datetime.date
             "problems": [dict(p, stack=r["host"]) for r in rows for p in r["_problems"]],
             "mode_notes": sorted({r["_mode_note"] for r in rows if r["_mode_note"]})
             + sorted({note for r in rows for note in r["_overridden"]})
-            + [r["_utilisation"] for r in rows if r["_utilisation"]],
+            + [r["_utilisation"] for r in rows if r["_utilisation"]]
+            + [f"{r['host']}: {fact}" if len(rows) > 1 else fact for r in rows for fact in r["_facts"]],
             "results": docs,
         }
     passed = sum(1 for h in hosts.values() if h["status"] == "PASS")
@@ -314,7 +339,7 @@ def format_text(report: dict[str, Any]) -> str:
     summary = report["summary"]
     lines.append("")
     lines.append(
-        f"{summary['hosts']} hosts: {summary['passed']} passed, {summary['failed']} failed "
+        f"{_hosts(summary['hosts'])}: {summary['passed']} passed, {summary['failed']} failed "
         f"({summary['unreachable']} unreachable); generated {report['generated_at']}"
         + (f", run {report['run_id']}" if report.get("run_id") else "")
     )
@@ -343,7 +368,7 @@ def format_markdown(report: dict[str, Any]) -> str:
         title,
         "",
         (
-            f"Generated {report['generated_at']}: {summary['hosts']} hosts, "
+            f"Generated {report['generated_at']}: {_hosts(summary['hosts'])}, "
             f"{summary['passed']} passed, {summary['failed']} failed "
             f"({summary['unreachable']} unreachable)."
         ),
@@ -396,7 +421,7 @@ def format_html(report: dict[str, Any]) -> str:
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>GPU fleet report</title>'
         f"<style>{HTML_STYLE}</style></head><body>\n<h1>GPU fleet report</h1>\n"
-        f"<p>Generated {esc(report['generated_at'])}: {summary['hosts']} hosts, {summary['passed']} passed, "
+        f"<p>Generated {esc(report['generated_at'])}: {_hosts(summary['hosts'])}, {summary['passed']} passed, "
         f"{summary['failed']} failed ({summary['unreachable']} unreachable).</p>\n"
         + (
             f'<p id="multiworker" class="{report["multiworker"]["status"].lower()}">'
