@@ -23,6 +23,7 @@ sys.path.insert(0, str(VERIFY_DIR))
 
 import fit
 import gpu_verify
+from test_verify_fit import tf_python
 
 
 def tf_config(workers: list[Any], index: Any = 0, **extra: Any) -> str:
@@ -380,23 +381,6 @@ def test_single_host_document_has_null_multiworker(tmp_path: Path) -> None:
 
 
 # --- the real thing ---------------------------------------------------------------------------
-
-
-def tf_python() -> str:
-    """The interpreter from GPU_VERIFY_TF_PYTHON, or skip when it is unset or lacks tensorflow."""
-    python = os.environ.get("GPU_VERIFY_TF_PYTHON")
-    if not python:
-        pytest.skip("set GPU_VERIFY_TF_PYTHON to a python that has tensorflow to run the real fit")
-    probe = subprocess.run(
-        [python, "-c", "import tensorflow"],
-        capture_output=True,
-        text=True,
-        check=False,
-        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
-    )
-    if probe.returncode != 0:
-        pytest.skip(f"{python} cannot import tensorflow: {probe.stderr.strip()[-200:]}")
-    return python
 
 
 def free_ports(count: int) -> list[int]:
