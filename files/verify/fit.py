@@ -59,6 +59,8 @@ from verify_common import (
 )
 
 DEFAULT_LEARNING_RATE = 0.01
+# Start of classify_exception's cause for an out-of-memory fit; gpu_verify.py adds the GPU holders.
+OOM_CAUSE = "Out of GPU memory"
 NCCL_HANG_FIX = (
     "check the GPU interconnect with `nvidia-smi topo -m` and `nvidia-smi topo -p2p r`; on PCIe "
     "hosts disable IOMMU/ACS (BIOS or `iommu=pt`), or rerun with NCCL_P2P_DISABLE=1 to confirm a "
@@ -304,7 +306,7 @@ def classify_exception(type_name: str, message: str) -> tuple[str, str]:
     first = message.strip().splitlines()[0][:300] if message.strip() else type_name
     if type_name == "ResourceExhaustedError" or "out of memory" in text or "oom when allocating" in text:
         return (
-            f"Out of GPU memory during the fit ({type_name}: {first}).",
+            f"{OOM_CAUSE} during the fit ({type_name}: {first}).",
             ("free the GPUs (`nvidia-smi` lists other processes) or lower --per-replica-batch / --image-size"),
         )
     if "loaded runtime cudnn library" in text:

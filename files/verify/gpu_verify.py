@@ -55,7 +55,7 @@ from typing import Any
 
 import gpu_count
 import libraries
-from fit import MULTIWORKER_FIX, NCCL_HANG_FIX, TFConfigError, parse_tf_config
+from fit import MULTIWORKER_FIX, NCCL_HANG_FIX, OOM_CAUSE, TFConfigError, parse_tf_config
 from verify_common import (
     EXIT_CHECK_FAILED,
     EXIT_OK,
@@ -152,9 +152,6 @@ def tf_loaded_library_problems(
                 )
             )
     return problems
-
-
-OOM_CAUSE = "Out of GPU memory"  # fit.classify_exception's cause for ResourceExhaustedError
 
 
 def explain_oom(fit_problems: list[Problem], busy: str | None) -> list[Problem]:
