@@ -334,6 +334,57 @@ def test_a_run_that_stops_early_leaves_no_stale_report(tmp_path_factory, fault_r
     assert list(reports.iterdir()) == []
 
 
+@pytest.mark.parametrize(
+    "option, value, message",
+    [
+        ("gpu_verify_timeout", "-5", "gpu_verify_timeout is -5; it must be a number of seconds above 0"),
+        (
+            "gpu_verify_fit_learning_rate",
+            "nan",
+            "gpu_verify_fit_learning_rate is nan; it must be a finite number above 0",
+        ),
+        ("gpu_verify_scaling_threshold", "1.5", "gpu_verify_scaling_threshold is 1.5; it must be a fraction above 0"),
+    ],
+)
+def test_bad_verification_options_stop_before_anything_runs(tmp_path_factory, option, value, message):
+    reports = tmp_path_factory.mktemp("bad-option")
+    run = run_playbook(
+        "playbooks/verify.yml",
+        os.environ["MOLECULE_INVENTORY_FILE"],
+        "--limit",
+        A,
+        "-e",
+        f"gpu_verify_report_dir={reports}",
+        "-e",
+        f"{option}={value}",
+    )
+    assert run.returncode != 0
+    assert message in run.stdout
+    assert "Fix it in the inventory or on the -e command line." in run.stdout
+    # Nothing ran or changed after the check: no copy of the scripts, no verification, no report.
+    assert "TASK [gpu_verify : Copy the verification scripts" not in run.stdout
+    assert "TASK [gpu_verify : Run the checks" not in run.stdout
+    assert "TASK [gpu_verify : Check the verification options" in run.stdout
+    assert list(reports.iterdir()) == []
+
+
+def test_a_bad_verification_option_stops_site_yml_in_preflight(tmp_path_factory):
+    run = run_playbook(
+        "site.yml",
+        os.environ["MOLECULE_INVENTORY_FILE"],
+        "--limit",
+        A,
+        "-e",
+        f"gpu_verify_report_dir={tmp_path_factory.mktemp('bad-site')}",
+        "-e",
+        "gpu_verify_timeout=0",
+    )
+    assert run.returncode != 0
+    assert "gpu_verify_timeout is 0; it must be a number of seconds above 0" in run.stdout
+    # The first play stopped the host: no driver, toolkit or venv task ran.
+    assert "TASK [nvidia_driver" not in run.stdout and "TASK [gpu_artifacts : Push" not in run.stdout
+
+
 def test_testinfra_sees_the_restored_toolkit(host):
     assert host.file(f"{LIB64}/libcudnn.so.8").linked_to.endswith("libcudnn.so.8.6.0")
     assert not host.file(STRAY_CONF).exists
