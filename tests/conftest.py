@@ -12,7 +12,14 @@ from types import ModuleType
 
 import pytest
 
-NVIDIA_FIXTURES = Path(__file__).resolve().parent / "fixtures" / "nvidia"
+ROOT = Path(__file__).resolve().parents[1]
+NVIDIA_FIXTURES = ROOT / "tests" / "fixtures" / "nvidia"
+
+# The clone is the collection gpu_fleet.tf_hosts (collections/ansible_collections/gpu_fleet/tf_hosts
+# links back to the root), so plugins import each other by their collection path, as Ansible
+# loads them.
+if str(ROOT / "collections") not in sys.path:
+    sys.path.insert(0, str(ROOT / "collections"))
 
 
 def load_builder() -> ModuleType:
