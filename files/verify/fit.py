@@ -7,10 +7,14 @@ is used on GPUs), all-reduce gradients between replicas and make the loss fall.
 * ``--cpu-replicas 0`` (default): one replica per visible GPU; memory growth is switched on for
   every GPU before any op so the fit does not grab all GPU memory.
 * ``--cpu-replicas N``: the CPU is split into N logical devices with
-  ``tf.config.set_logical_device_configuration`` before any op (reference
-  ``nvidia-tensorflow-facts.md`` section 8.2: changing it later raises ``RuntimeError: Virtual
-  devices cannot be modified after being initialized``), and the devices are passed explicitly
-  (``/cpu:0`` ...), because MirroredStrategy prefers GPUs when any exist (section 8.2, item 2).
+  ``tf.config.set_logical_device_configuration`` before any op (its API docs,
+  https://www.tensorflow.org/api_docs/python/tf/config/set_logical_device_configuration: after the
+  runtime is initialised it raises ``RuntimeError: Virtual devices cannot be modified after being
+  initialized``), and the devices are passed explicitly (``/cpu:0`` ...), because
+  MirroredStrategy without ``devices`` takes every GPU and falls back to the CPU only when there is
+  none (``tf.distribute.MirroredStrategy`` API docs,
+  https://www.tensorflow.org/api_docs/python/tf/distribute/MirroredStrategy; TensorFlow guide
+  "Distributed training with TensorFlow", https://www.tensorflow.org/guide/distributed_training).
 
 * ``--multiworker``: ``tf.distribute.MultiWorkerMirroredStrategy()`` over the cluster in the
   ``TF_CONFIG`` environment variable (TensorFlow's format: ``{"cluster": {"worker": ["host:port",
@@ -45,7 +49,7 @@ import re
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from verify_common import (
     EXIT_CHECK_FAILED,
@@ -291,8 +295,77 @@ def multiworker_detail(message: str, first: str) -> str:
     return detail[:300] or first
 
 
+class ErrorRule(NamedTuple):
+    """One row of :data:`ERROR_RULES`: an exception matches when its class name is one of
+    ``type_names``, its lower-cased message contains one of ``markers``, or its message contains one
+    of ``exact`` as written (gRPC status codes).  ``cause`` is a :meth:`str.format` template over
+    ``type_name``, ``first`` (the message's first line) and ``detail`` (:func:`multiworker_detail`)."""
+
+    markers: tuple[str, ...]
+    cause: str
+    fix: str
+    type_names: tuple[str, ...] = ()
+    exact: tuple[str, ...] = ()
+
+
+# classify_exception's table, first match wins: out of memory before the cuDNN texts (an OOM at
+# cuDNN init names cuDNN), the multi-worker texts before NCCL.
+ERROR_RULES = (
+    ErrorRule(
+        ("out of memory", "oom when allocating"),
+        OOM_CAUSE + " during the fit ({type_name}: {first}).",
+        "free the GPUs (`nvidia-smi` lists other processes) or lower --per-replica-batch / --image-size",
+        type_names=("ResourceExhaustedError",),
+    ),
+    ErrorRule(
+        ("loaded runtime cudnn library",),
+        "TensorFlow refused the loaded cuDNN ({first}).",
+        "put the cuDNN version TensorFlow was built with first on the loader path "
+        "(same major, equal or higher minor), then run `ldconfig`",
+    ),
+    ErrorRule(
+        ("dnn library is not found", "cudnn"),
+        "cuDNN failed during the convolution ({type_name}: {first}).",
+        "check the libcudnn result above: the cuDNN TensorFlow needs is missing, "
+        "the wrong version, or out of GPU memory at init",
+    ),
+    ErrorRule(
+        ("driver version is insufficient", "cuda_error_insufficient_driver"),
+        "The NVIDIA driver is too old for TensorFlow's CUDA runtime ({first}).",
+        "upgrade the driver (nvidia_driver role) to the branch the stack's CUDA needs",
+    ),
+    ErrorRule(
+        ("no kernel image is available", "no_binary_for_gpu"),
+        "This TensorFlow wheel has no kernels for the GPU's compute capability ({first}).",
+        "pick a TensorFlow version whose wheel supports this GPU (see the version matrix)",
+    ),
+    ErrorRule(
+        ("could not start grpc server",),
+        "This worker could not listen on its own TF_CONFIG address ({type_name}: {first}): the port is "
+        "in use or the address is not one of this host's.",
+        "free the port (`ss -ltnp` shows who holds it) or choose another "
+        "gpu_verify_multiworker_port, and check that this worker's task index points at this "
+        "host's address in TF_CONFIG",
+    ),
+    ErrorRule(
+        MULTIWORKER_MARKERS,
+        "A worker of the multi-worker cluster could not be reached or stopped answering ({type_name}: {detail}).",
+        MULTIWORKER_FIX,
+        type_names=("UnavailableError", "DeadlineExceededError"),
+        exact=("UNAVAILABLE", "DEADLINE_EXCEEDED"),
+    ),
+    ErrorRule(("nccl",), "NCCL failed during the all-reduce ({type_name}: {first}).", NCCL_HANG_FIX),
+    ErrorRule(
+        ("virtual devices cannot be modified",),
+        "TensorFlow was initialised before the logical CPU devices were set ({first}).",
+        "this is a bug in fit.py: logical devices must be configured before any op",
+    ),
+)
+
+
 def classify_exception(type_name: str, message: str) -> tuple[str, str]:
-    """Likely (cause, fix) for an exception raised by the fit, from TensorFlow's error texts.
+    """Likely (cause, fix) for an exception raised by the fit: the first row of
+    :data:`ERROR_RULES` that matches TensorFlow's error text.
 
     Args:
         type_name: the exception's class name, e.g. ``ResourceExhaustedError``.
@@ -304,68 +377,14 @@ def classify_exception(type_name: str, message: str) -> tuple[str, str]:
     """
     text = message.lower()
     first = message.strip().splitlines()[0][:300] if message.strip() else type_name
-    if type_name == "ResourceExhaustedError" or "out of memory" in text or "oom when allocating" in text:
-        return (
-            f"{OOM_CAUSE} during the fit ({type_name}: {first}).",
-            ("free the GPUs (`nvidia-smi` lists other processes) or lower --per-replica-batch / --image-size"),
-        )
-    if "loaded runtime cudnn library" in text:
-        return (
-            f"TensorFlow refused the loaded cuDNN ({first}).",
-            (
-                "put the cuDNN version TensorFlow was built with first on the loader path "
-                "(same major, equal or higher minor), then run `ldconfig`"
-            ),
-        )
-    if "dnn library is not found" in text or "cudnn" in text:
-        return (
-            f"cuDNN failed during the convolution ({type_name}: {first}).",
-            (
-                "check the libcudnn result above: the cuDNN TensorFlow needs is missing, "
-                "the wrong version, or out of GPU memory at init"
-            ),
-        )
-    if "driver version is insufficient" in text or "cuda_error_insufficient_driver" in text:
-        return (
-            f"The NVIDIA driver is too old for TensorFlow's CUDA runtime ({first}).",
-            "upgrade the driver (nvidia_driver role) to the branch the stack's CUDA needs",
-        )
-    if "no kernel image is available" in text or "no_binary_for_gpu" in text:
-        return (
-            f"This TensorFlow wheel has no kernels for the GPU's compute capability ({first}).",
-            "pick a TensorFlow version whose wheel supports this GPU (see the version matrix)",
-        )
-    if "could not start grpc server" in text:
-        return (
-            f"This worker could not listen on its own TF_CONFIG address ({type_name}: {first}): the port is "
-            "in use or the address is not one of this host's.",
-            (
-                "free the port (`ss -ltnp` shows who holds it) or choose another "
-                "gpu_verify_multiworker_port, and check that this worker's task index points at this "
-                "host's address in TF_CONFIG"
-            ),
-        )
-    if (
-        type_name in ("UnavailableError", "DeadlineExceededError")
-        or "UNAVAILABLE" in message
-        or "DEADLINE_EXCEEDED" in message
-        or any(marker in text for marker in MULTIWORKER_MARKERS)
-    ):
-        return (
-            f"A worker of the multi-worker cluster could not be reached or stopped answering "
-            f"({type_name}: {multiworker_detail(message, first)}).",
-            MULTIWORKER_FIX,
-        )
-    if "nccl" in text:
-        return (
-            f"NCCL failed during the all-reduce ({type_name}: {first}).",
-            NCCL_HANG_FIX,
-        )
-    if "virtual devices cannot be modified" in text:
-        return (
-            f"TensorFlow was initialised before the logical CPU devices were set ({first}).",
-            "this is a bug in fit.py: logical devices must be configured before any op",
-        )
+    for rule in ERROR_RULES:
+        if (
+            type_name in rule.type_names
+            or any(marker in text for marker in rule.markers)
+            or any(code in message for code in rule.exact)
+        ):
+            detail = multiworker_detail(message, first) if "{detail}" in rule.cause else first
+            return rule.cause.format(type_name=type_name, first=first, detail=detail), rule.fix
     return (
         f"The fit raised {type_name}: {first}",
         "read the traceback in the fit's stderr",
@@ -411,10 +430,40 @@ def run_fit(args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
     TF_CONFIG in ``--multiworker`` mode is a ``multiworker`` problem, reported before TensorFlow is
     imported.  ``multiworker`` in the document is None in single-host mode, else
     ``{"workers", "task_index", "is_chief", "cluster"}``."""
-    mode = "cpu-replicas" if args.cpu_replicas > 0 else "gpu"
-    result: dict[str, Any] = {
+    result = _new_result(args)
+    multiworker: dict[str, Any] | None = None
+    if args.multiworker:
+        try:
+            multiworker = parse_tf_config(os.environ.get("TF_CONFIG"))
+        except TFConfigError as exc:
+            result["error"] = exc.cause
+            result["problems"].append(problem("multiworker", exc.cause, exc.fix))
+            progress.write("error", error=exc.cause)
+            return result
+        result["multiworker"] = multiworker
+    modules = _import_tensorflow(result, progress)
+    if modules is None:
+        return result
+    try:
+        expected = _fit_steps(*modules, args, multiworker, result, progress)
+    except Exception as exc:
+        name = type(exc).__name__
+        result["error"] = f"{name}: {exc}"
+        cause, fix = classify_exception(name, str(exc))
+        result["problems"].append(problem("fit", cause, fix))
+        progress.write("error", error=result["error"])
+        return result
+    result["problems"] += check_fit(result, expected)
+    result["ok"] = not result["problems"]
+    progress.write("done", ok=result["ok"])
+    return result
+
+
+def _new_result(args: argparse.Namespace) -> dict[str, Any]:
+    """The result document before anything ran: the settings, None for every measurement."""
+    return {
         "ok": False,
-        "mode": mode,
+        "mode": "cpu-replicas" if args.cpu_replicas > 0 else "gpu",
         "multiworker": None,
         "num_replicas_in_sync": None,
         "expected_replicas": None,
@@ -441,19 +490,11 @@ def run_fit(args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
         "error": None,
         "problems": [],
     }
-    expected = args.expected_replicas
-    if expected is None and not args.multiworker:
-        expected = args.cpu_replicas if args.cpu_replicas > 0 else None
-    multiworker: dict[str, Any] | None = None
-    if args.multiworker:
-        try:
-            multiworker = parse_tf_config(os.environ.get("TF_CONFIG"))
-        except TFConfigError as exc:
-            result["error"] = exc.cause
-            result["problems"].append(problem("multiworker", exc.cause, exc.fix))
-            progress.write("error", error=exc.cause)
-            return result
-        result["multiworker"] = multiworker
+
+
+def _import_tensorflow(result: dict[str, Any], progress: Progress) -> tuple[Any, Any, Any] | None:
+    """Import TensorFlow, numpy and ``libraries``; returns ``(tf, np, libraries)``, or None after
+    recording a ``tensorflow`` problem in ``result`` when the import fails."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     progress.write("import")
     try:
@@ -468,117 +509,177 @@ def run_fit(args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
                 "run fit.py with the venv's python and reinstall the pinned TensorFlow (tf_venv role)",
             )
         )
-        return result
+        return None
     import libraries
 
     result["tensorflow_version"] = tf.__version__
     result["keras_version"] = getattr(tf.keras, "__version__", None)
-    try:
-        tf_info = libraries.tensorflow_build_info()
-        result["tensorflow"] = tf_info
-        result["physical_gpus"] = tf_info["gpus"]
-        progress.write("tensorflow", tensorflow=tf_info)
-        gpus = tf.config.list_physical_devices("GPU")
-        for gpu in gpus:
-            tf.config.experimental.set_memory_growth(gpu, True)
-        if multiworker is not None:
-            strategy, mode = _multiworker_strategy(tf, gpus, mode, multiworker, progress)
-            result["mode"] = mode
-            if expected is None:
-                expected = multiworker["workers"] * (len(gpus) if mode == "gpu" else 1)
-        elif mode == "cpu-replicas":
-            cpus = tf.config.list_physical_devices("CPU")
-            tf.config.set_logical_device_configuration(
-                cpus[0],
-                [tf.config.LogicalDeviceConfiguration() for _ in range(args.cpu_replicas)],
+    return tf, np, libraries
+
+
+def _fit_steps(
+    tf: Any,
+    np: Any,
+    libraries: Any,
+    args: argparse.Namespace,
+    multiworker: dict[str, Any] | None,
+    result: dict[str, Any],
+    progress: Progress,
+) -> int:
+    """Strategy, data, model, fit, in that order, filling ``result``; returns the replicas the fit
+    must have.  TensorFlow's exceptions propagate to :func:`run_fit`."""
+    tf_info = libraries.tensorflow_build_info()
+    result["tensorflow"] = tf_info
+    result["physical_gpus"] = tf_info["gpus"]
+    progress.write("tensorflow", tensorflow=tf_info)
+    strategy, expected = _setup_strategy(tf, args, tf_info, multiworker, result, progress)
+    replicas = int(strategy.num_replicas_in_sync)
+    result["num_replicas_in_sync"] = replicas
+    result["devices"] = [str(d) for d in strategy.extended.worker_devices]
+    global_batch = plan_batches(args.per_replica_batch, replicas)
+    result["global_batch_size"] = global_batch
+    progress.write("strategy", replicas=replicas, devices=result["devices"])
+
+    if args.mixed_precision:
+        # TensorFlow's mixed-precision guide (https://www.tensorflow.org/guide/mixed_precision):
+        # float16 compute, float32 variables; the output layer stays float32 for a numerically
+        # stable loss.
+        tf.keras.mixed_precision.set_global_policy("mixed_float16")
+    result["mixed_precision"] = bool(args.mixed_precision)
+    tf.keras.utils.set_random_seed(args.seed)
+    samples = global_batch * args.steps
+    dataset = _fit_dataset(tf, np, args, samples, global_batch, multiworker is not None)
+    model = _build_model(tf, args, strategy)
+    _fit_and_time(tf, model, dataset, samples, args, result, progress)
+    result["loaded_libraries"] = libraries.mapped_library_versions()
+    return expected
+
+
+def _setup_strategy(
+    tf: Any,
+    args: argparse.Namespace,
+    tf_info: dict[str, Any],
+    multiworker: dict[str, Any] | None,
+    result: dict[str, Any],
+    progress: Progress,
+) -> tuple[Any, int]:
+    """Set memory growth on every GPU, then create the strategy before any other op; records the
+    mode and the expected replicas in ``result``.  Returns ``(strategy, expected replicas)``.
+
+    Raises:
+        RuntimeError: single-host GPU mode and TensorFlow sees no GPU.
+    """
+    mode = result["mode"]
+    gpus = tf.config.list_physical_devices("GPU")
+    for gpu in gpus:
+        tf.config.experimental.set_memory_growth(gpu, True)
+    if multiworker is not None:
+        strategy, mode = _multiworker_strategy(tf, gpus, mode, multiworker, progress)
+        result["mode"] = mode
+    elif mode == "cpu-replicas":
+        cpus = tf.config.list_physical_devices("CPU")
+        tf.config.set_logical_device_configuration(
+            cpus[0],
+            [tf.config.LogicalDeviceConfiguration() for _ in range(args.cpu_replicas)],
+        )
+        used = min(args.use_replicas or args.cpu_replicas, args.cpu_replicas)
+        strategy = tf.distribute.MirroredStrategy(devices=[f"/cpu:{i}" for i in range(used)])
+    else:
+        if not gpus:
+            raise RuntimeError(
+                "TensorFlow sees no GPU (tf.config.list_physical_devices('GPU') is empty); "
+                f"build is_cuda_build={tf_info.get('is_cuda_build')}"
             )
-            used = min(args.use_replicas or args.cpu_replicas, args.cpu_replicas)
-            strategy = tf.distribute.MirroredStrategy(devices=[f"/cpu:{i}" for i in range(used)])
+        used = min(args.use_replicas or len(gpus), len(gpus))
+        strategy = tf.distribute.MirroredStrategy(devices=[f"/gpu:{i}" for i in range(used)])
+    expected = expected_replicas(args, multiworker, mode, len(gpus))
+    result["expected_replicas"] = expected
+    return strategy, expected
+
+
+def expected_replicas(args: argparse.Namespace, multiworker: dict[str, Any] | None, mode: str, gpus: int) -> int:
+    """Replicas the fit must have: ``--expected-replicas``, else ``--cpu-replicas`` on one host,
+    workers x GPUs per worker (x 1 on the CPU) with ``--multiworker``, else every GPU; never more
+    than ``--use-replicas``.  ``mode`` is the mode the strategy really runs in."""
+    expected = args.expected_replicas
+    if expected is None:
+        if multiworker is not None:
+            expected = multiworker["workers"] * (gpus if mode == "gpu" else 1)
+        elif args.cpu_replicas > 0:
+            expected = args.cpu_replicas
         else:
-            if not gpus:
-                raise RuntimeError(
-                    "TensorFlow sees no GPU (tf.config.list_physical_devices('GPU') is empty); "
-                    f"build is_cuda_build={tf_info.get('is_cuda_build')}"
-                )
-            used = min(args.use_replicas or len(gpus), len(gpus))
-            strategy = tf.distribute.MirroredStrategy(devices=[f"/gpu:{i}" for i in range(used)])
-        if expected is None:
-            expected = len(gpus)
-        if args.use_replicas:
-            expected = min(expected, args.use_replicas)
-        result["expected_replicas"] = expected
-        replicas = int(strategy.num_replicas_in_sync)
-        result["num_replicas_in_sync"] = replicas
-        result["devices"] = [str(d) for d in strategy.extended.worker_devices]
-        global_batch = plan_batches(args.per_replica_batch, replicas)
-        result["global_batch_size"] = global_batch
-        progress.write("strategy", replicas=replicas, devices=result["devices"])
+            expected = gpus
+    if args.use_replicas:
+        expected = min(expected, args.use_replicas)
+    return expected
 
-        if args.mixed_precision:
-            # TensorFlow's mixed-precision guide: float16 compute, float32 variables; the output
-            # layer stays float32 for a numerically stable loss.
-            tf.keras.mixed_precision.set_global_policy("mixed_float16")
-        result["mixed_precision"] = bool(args.mixed_precision)
-        tf.keras.utils.set_random_seed(args.seed)
-        samples = global_batch * args.steps
-        dataset, _ = make_dataset(tf, np, samples, args.image_size, global_batch, args.seed)
-        if multiworker is not None:
-            # Every worker builds the same in-memory data, so there are no files to shard by: DATA
-            # gives each worker its share of every global batch (and no FILE-sharding warning).
-            options = tf.data.Options()
-            options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
-            dataset = dataset.with_options(options)
-        with strategy.scope():
-            model = tf.keras.Sequential(
-                [
-                    tf.keras.Input(shape=(args.image_size, args.image_size, 3)),
-                    tf.keras.layers.Conv2D(16, 3, activation="relu"),
-                    tf.keras.layers.GlobalAveragePooling2D(),
-                    tf.keras.layers.Dense(10, dtype="float32"),
-                ]
-            )
-            model.compile(
-                optimizer=tf.keras.optimizers.Adam(learning_rate=args.learning_rate),
-                loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-            )
 
-        epoch_seconds: list[float] = []
+def _fit_dataset(tf: Any, np: Any, args: argparse.Namespace, samples: int, global_batch: int, sharded: bool) -> Any:
+    """The seeded dataset of ``samples`` images in global batches; ``sharded`` (multi-worker) sets
+    the DATA auto-shard policy."""
+    dataset, _ = make_dataset(tf, np, samples, args.image_size, global_batch, args.seed)
+    if sharded:
+        # Every worker builds the same in-memory data, so there are no files to shard by: DATA
+        # gives each worker its share of every global batch (and no FILE-sharding warning).
+        options = tf.data.Options()
+        options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+        dataset = dataset.with_options(options)
+    return dataset
 
-        class EpochTimer(tf.keras.callbacks.Callback):
-            def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
-                self._t = time.perf_counter()
 
-            def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
-                epoch_seconds.append(time.perf_counter() - self._t)
-                progress.write("epoch", epoch=epoch + 1, loss=(logs or {}).get("loss"))
+def _build_model(tf: Any, args: argparse.Namespace, strategy: Any) -> Any:
+    """The conv net, built and compiled in the strategy's scope (its variables are mirrored)."""
+    with strategy.scope():
+        model = tf.keras.Sequential(
+            [
+                tf.keras.Input(shape=(args.image_size, args.image_size, 3)),
+                tf.keras.layers.Conv2D(16, 3, activation="relu"),
+                tf.keras.layers.GlobalAveragePooling2D(),
+                tf.keras.layers.Dense(10, dtype="float32"),
+            ]
+        )
+        model.compile(
+            optimizer=tf.keras.optimizers.Adam(learning_rate=args.learning_rate),
+            loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        )
+    return model
 
-        progress.write("evaluate-before")
-        result["loss_start"] = _scalar_loss(model.evaluate(dataset, verbose=0))
-        progress.write("fit")
-        started = time.perf_counter()
-        history = model.fit(dataset, epochs=args.epochs, verbose=0, callbacks=[EpochTimer()])
-        fit_seconds = time.perf_counter() - started
-        progress.write("evaluate-after")
-        result["loss_end"] = _scalar_loss(model.evaluate(dataset, verbose=0))
-        result["loss_history"] = [float(v) for v in history.history.get("loss", [])]
-        result["epoch_seconds"] = [round(s, 4) for s in epoch_seconds]
-        result["fit_seconds"] = round(fit_seconds, 4)
-        result["samples_per_second"] = round(samples * args.epochs / fit_seconds, 1)
-        if len(epoch_seconds) > 1:
-            # The first epoch includes tracing/compilation; later ones show steady throughput.
-            result["steady_samples_per_second"] = round(samples * (len(epoch_seconds) - 1) / sum(epoch_seconds[1:]), 1)
-        result["loaded_libraries"] = libraries.mapped_library_versions()
-    except Exception as exc:
-        name = type(exc).__name__
-        result["error"] = f"{name}: {exc}"
-        cause, fix = classify_exception(name, str(exc))
-        result["problems"].append(problem("fit", cause, fix))
-        progress.write("error", error=result["error"])
-        return result
-    result["problems"] += check_fit(result, expected)
-    result["ok"] = not result["problems"]
-    progress.write("done", ok=result["ok"])
-    return result
+
+def _fit_and_time(
+    tf: Any,
+    model: Any,
+    dataset: Any,
+    samples: int,
+    args: argparse.Namespace,
+    result: dict[str, Any],
+    progress: Progress,
+) -> None:
+    """Evaluate, fit and evaluate again; records the losses, times and throughputs in ``result``."""
+    epoch_seconds: list[float] = []
+
+    class EpochTimer(tf.keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+            self._t = time.perf_counter()
+
+        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+            epoch_seconds.append(time.perf_counter() - self._t)
+            progress.write("epoch", epoch=epoch + 1, loss=(logs or {}).get("loss"))
+
+    progress.write("evaluate-before")
+    result["loss_start"] = _scalar_loss(model.evaluate(dataset, verbose=0))
+    progress.write("fit")
+    started = time.perf_counter()
+    history = model.fit(dataset, epochs=args.epochs, verbose=0, callbacks=[EpochTimer()])
+    fit_seconds = time.perf_counter() - started
+    progress.write("evaluate-after")
+    result["loss_end"] = _scalar_loss(model.evaluate(dataset, verbose=0))
+    result["loss_history"] = [float(v) for v in history.history.get("loss", [])]
+    result["epoch_seconds"] = [round(s, 4) for s in epoch_seconds]
+    result["fit_seconds"] = round(fit_seconds, 4)
+    result["samples_per_second"] = round(samples * args.epochs / fit_seconds, 1)
+    if len(epoch_seconds) > 1:
+        # The first epoch includes tracing/compilation; later ones show steady throughput.
+        result["steady_samples_per_second"] = round(samples * (len(epoch_seconds) - 1) / sum(epoch_seconds[1:]), 1)
 
 
 def _multiworker_strategy(
@@ -613,6 +714,31 @@ def _scalar_loss(value: Any) -> float:
     if isinstance(value, (list, tuple)):
         value = value[0]
     return float(value)
+
+
+def add_fit_arguments(parser: argparse.ArgumentParser, help_prefix: str = "") -> None:
+    """Add the fit's size and training options, ``--per-replica-batch``, ``--steps``, ``--epochs``,
+    ``--learning-rate`` and ``--seed``, with their defaults (shared with gpu_verify.py, which
+    passes them on to fit.py and puts ``help_prefix`` "fit: " before each help text)."""
+    for option, default, text in (
+        ("--per-replica-batch", 16, "samples per replica per step"),
+        ("--steps", 8, "steps per epoch"),
+        ("--epochs", 3, "epochs"),
+    ):
+        parser.add_argument(option, type=positive_int, default=default, help=f"{help_prefix}{text} (default {default})")
+    parser.add_argument(
+        "--learning-rate",
+        type=positive_float,
+        default=DEFAULT_LEARNING_RATE,
+        help=f"{help_prefix}Adam learning rate, a finite number > 0 (default {DEFAULT_LEARNING_RATE}; a huge "
+        "value such as 1e30 makes the loss non-finite)",
+    )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=1234,
+        help=f"{help_prefix}random seed for data and weights (default 1234)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -654,31 +780,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="replicas the fit must have (default: --cpu-replicas, or the GPUs TensorFlow sees; "
         "with --multiworker: workers x GPUs per worker, or workers on the CPU)",
     )
+    add_fit_arguments(parser)
     parser.add_argument(
-        "--per-replica-batch",
-        type=positive_int,
-        default=16,
-        help="samples per replica per step (default 16)",
-    )
-    parser.add_argument("--steps", type=positive_int, default=8, help="steps per epoch (default 8)")
-    parser.add_argument("--epochs", type=positive_int, default=3, help="epochs (default 3)")
-    parser.add_argument(
-        "--image-size",
-        type=positive_int,
-        default=32,
-        help="image height and width in pixels (default 32)",
-    )
-    parser.add_argument(
-        "--learning-rate",
-        type=positive_float,
-        default=DEFAULT_LEARNING_RATE,
-        help="Adam learning rate, a finite number > 0 (default 0.01)",
-    )
-    parser.add_argument(
-        "--seed",
-        type=int,
-        default=1234,
-        help="random seed for data and weights (default 1234)",
+        "--image-size", type=positive_int, default=32, help="image height and width in pixels (default 32)"
     )
     parser.add_argument("--progress", metavar="PATH", help="append JSON-lines progress records to PATH")
     return parser

@@ -6,22 +6,24 @@ Runs::
     nvidia-smi --query-gpu=index,name,uuid,pci.bus_id,memory.total,driver_version \\
                --format=csv,noheader,nounits
 
-Field meanings and the ``", "``-separated, unit-less format: reference
-``nvidia-tensorflow-facts.md`` section 6.1 (``nvidia-smi --help-query-gpu``); ``memory.total`` is
-MiB.  Exit statuses of nvidia-smi (6 = "A query to find an object was unsuccessful", 9 = "NVIDIA
+and reads it with ``gpu_parsers.parse_query_gpu`` (the parser the ``nvidia_gpu_facts`` module uses,
+given this script's shorter field list).  Field meanings and the ``", "``-separated, unit-less
+format: ``nvidia-smi --help-query-gpu``; ``memory.total`` is MiB.  Exit statuses of nvidia-smi (6 = "A query to find an object was unsuccessful", 9 = "NVIDIA
 driver is not loaded", 15 = "The GPU has fallen off the bus", ...) come from the nvidia-smi(1) man
 page, section RETURN VALUE.
 
 When ``lspci`` is available, NVIDIA display/3D controllers on the PCI bus (``lspci -D -n -d
 10de:``, classes 0300 and 0302) are compared with nvidia-smi's bus IDs, so a GPU that is on the
-bus but invisible to the driver is named by its bus ID.
+bus but invisible to the driver is named by its bus ID.  Every bus ID is in the ``lspci -D`` form,
+lower-case ``0000:17:00.0`` (``gpu_parsers.normalize_bus_id``), though nvidia-smi prints
+``00000000:17:00.0``.
 
 Result (JSON on stdout)::
 
     {"expected": 2, "seen": 2, "missing": 0, "extra": 0, "driver_version": "520.61.05",
-     "devices": [{"index": 0, "name": "...", "uuid": "GPU-...", "pci_bus_id": "00000000:17:00.0",
+     "devices": [{"index": 0, "name": "...", "uuid": "GPU-...", "pci_bus_id": "0000:17:00.0",
                   "memory_total_mib": 81920}],
-     "pci_bus_ids": ["00000000:17:00.0", ...] or null, "missing_bus_ids": [...],
+     "pci_bus_ids": ["0000:17:00.0", ...] or null, "missing_bus_ids": [...],
      "module_version": "520.61.05" or null (loaded kernel module, /proc/driver/nvidia/version),
      "ok": true, "error": null, "problems": []}
 
@@ -31,15 +33,17 @@ Exit codes: 0 the count matches, 1 it does not (or nvidia-smi failed), 2 usage e
 from __future__ import annotations
 
 import argparse
-import csv
 import re
 import subprocess
 import sys
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+from gpu_parsers import COMPUTE_APPS_FIELDS, parse_compute_apps, parse_lspci, parse_proc_driver_version, parse_query_gpu
 from verify_common import EXIT_CHECK_FAILED, EXIT_OK, Problem, dumps, non_negative_int, problem, tail
 
+# A subset of gpu_parsers.QUERY_FIELDS (the module's list): these work with any driver, also one
+# older than R510 (no compute_cap).
 QUERY_FIELDS = ("index", "name", "uuid", "pci.bus_id", "memory.total", "driver_version")
 
 # nvidia-smi(1), RETURN VALUE.
@@ -74,7 +78,6 @@ FIX_EXTRA = (
 
 
 PROC_DRIVER_VERSION = "/proc/driver/nvidia/version"
-MODULE_VERSION_RE = re.compile(r"Kernel Module(?: for \S+)?\s+(\d+\.\d+(?:\.\d+)?)")
 NVML_LIBRARY_VERSION_RE = re.compile(r"NVML library version:\s*(\d+\.\d+(?:\.\d+)?)")
 FIX_MISMATCH = (
     "reboot, so the kernel module of the installed driver loads (after a driver install or upgrade "
@@ -83,20 +86,12 @@ FIX_MISMATCH = (
 )
 
 
-def parse_module_version(text: str) -> str | None:
-    """Version of the loaded NVIDIA kernel module from ``/proc/driver/nvidia/version`` text
-    ("NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.104.05  ..." or, for the open modules,
-    "... Open Kernel Module for x86_64  535.104.05 ..."), or None."""
-    match = MODULE_VERSION_RE.search(text or "")
-    return match.group(1) if match else None
-
-
 def loaded_module_version(path: str = PROC_DRIVER_VERSION) -> str | None:
-    """The loaded kernel module's version (:func:`parse_module_version` of ``path``), or None when
-    no module is loaded or the file is not readable (containers)."""
+    """The loaded kernel module's version (``gpu_parsers.parse_proc_driver_version`` of ``path``),
+    or None when no module is loaded or the file is not readable (containers)."""
     try:
         with open(path, encoding="utf-8", errors="replace") as handle:
-            return parse_module_version(handle.read())
+            return parse_proc_driver_version(handle.read())
     except OSError:
         return None
 
@@ -124,98 +119,12 @@ class CommandResult(NamedTuple):
 
 
 def build_command(nvidia_smi: str) -> list[str]:
-    """The nvidia-smi command line whose output :func:`parse_query_csv` reads."""
+    """The nvidia-smi command line whose output ``parse_query_gpu(stdout, QUERY_FIELDS)`` reads."""
     return [
         nvidia_smi,
         "--query-gpu=" + ",".join(QUERY_FIELDS),
         "--format=csv,noheader,nounits",
     ]
-
-
-def normalise_bus_id(bus_id: str) -> str:
-    """Write a PCI address in nvidia-smi's form ``DDDDDDDD:BB:DD.F`` (upper-case hex).
-
-    Accepts nvidia-smi's ``00000000:17:00.0`` and lspci's ``0000:17:00.0`` / ``17:00.0``.
-
-    Raises:
-        ValueError: the text is not a PCI address.
-    """
-    match = re.fullmatch(
-        r"(?:([0-9a-fA-F]{1,8}):)?([0-9a-fA-F]{1,2}):([0-9a-fA-F]{1,2})\.([0-7])",
-        bus_id.strip(),
-    )
-    if not match:
-        raise ValueError(f"not a PCI bus id: {bus_id!r}")
-    domain, bus, dev, fn = match.groups()
-    return f"{int(domain or '0', 16):08X}:{int(bus, 16):02X}:{int(dev, 16):02X}.{fn}"
-
-
-def _optional_int(text: str) -> int | None:
-    """``"81920"`` -> 81920; ``"[N/A]"``/``"[Not Supported]"`` -> None."""
-    try:
-        return int(float(text))
-    except ValueError:
-        return None
-
-
-def parse_query_csv(text: str) -> list[dict[str, Any]]:
-    """Parse the ``--query-gpu`` CSV (fields in :data:`QUERY_FIELDS` order) into device dicts.
-
-    Returns a list of ``{"index", "name", "uuid", "pci_bus_id", "memory_total_mib",
-    "driver_version"}``; ``memory_total_mib`` is MiB or None when nvidia-smi prints ``[N/A]``.
-    Blank lines are ignored; "No devices were found" yields an empty list.
-
-    Raises:
-        ValueError: a line does not have the expected number of fields or a bad index.
-    """
-    devices: list[dict[str, Any]] = []
-    lines = [line for line in text.splitlines() if line.strip()]
-    if any("no devices were found" in line.lower() for line in lines):
-        return devices
-    for row in csv.reader(lines, skipinitialspace=True):
-        if len(row) != len(QUERY_FIELDS):
-            raise ValueError(
-                f"unexpected nvidia-smi line (want {len(QUERY_FIELDS)} fields "
-                f"{','.join(QUERY_FIELDS)}): {', '.join(row)!r}"
-            )
-        index, name, uuid, bus_id, memory, driver = (field.strip() for field in row)
-        try:
-            index_number = int(index)
-        except ValueError:
-            raise ValueError(f"unexpected GPU index {index!r} in nvidia-smi output") from None
-        try:
-            bus_id = normalise_bus_id(bus_id)
-        except ValueError:
-            pass  # keep what nvidia-smi printed; it is still useful to a reader
-        devices.append(
-            {
-                "index": index_number,
-                "name": name,
-                "uuid": uuid,
-                "pci_bus_id": bus_id,
-                "memory_total_mib": _optional_int(memory),
-                "driver_version": driver,
-            }
-        )
-    return devices
-
-
-def parse_lspci(text: str) -> list[str]:
-    """Bus IDs of NVIDIA GPUs in ``lspci -D -n -d 10de:`` output.
-
-    Only display controllers (class 0300 VGA, 0302 3D) count: NVIDIA audio functions (0403) and
-    NVSwitches (0680) share the vendor ID but are not GPUs.  Bus IDs are in nvidia-smi's form.
-    """
-    bus_ids = []
-    pattern = re.compile(r"^(\S+)\s+(030[02]):\s+10de:[0-9a-fA-F]{4}", re.IGNORECASE)
-    for line in text.splitlines():
-        match = pattern.match(line.strip())
-        if match:
-            try:
-                bus_ids.append(normalise_bus_id(match.group(1)))
-            except ValueError:
-                continue
-    return sorted(bus_ids)
 
 
 def count_problem(expected: int, seen: int, missing_bus_ids: Sequence[str] = ()) -> Problem | None:
@@ -284,24 +193,9 @@ def failure_problem(
     )
 
 
-def evaluate(
-    expected: int,
-    result: CommandResult,
-    nvidia_smi: str = "nvidia-smi",
-    pci_bus_ids: Sequence[str] | None = None,
-    module_version: str | None = None,
-) -> dict[str, Any]:
-    """Turn nvidia-smi's answer into the result document (pure: no I/O).
-
-    Args:
-        expected: GPUs the inventory expects.
-        result: what running nvidia-smi gave.
-        nvidia_smi: the path used, for messages.
-        pci_bus_ids: NVIDIA GPU bus IDs seen by lspci, or None when lspci was not run.
-        module_version: the loaded kernel module's version (``/proc/driver/nvidia/version``), or
-            None when unknown; a value that differs from nvidia-smi's driver version is a problem.
-    """
-    doc: dict[str, Any] = {
+def _new_doc(expected: int, pci_bus_ids: Sequence[str] | None, module_version: str | None) -> dict[str, Any]:
+    """The result document before nvidia-smi's answer is read: nothing seen, not ok."""
+    return {
         "expected": expected,
         "seen": 0,
         "missing": expected,
@@ -315,6 +209,51 @@ def evaluate(
         "error": None,
         "problems": [],
     }
+
+
+def _count_devices(
+    doc: dict[str, Any], devices: list[dict[str, Any]], pci_bus_ids: Sequence[str] | None, module_version: str | None
+) -> None:
+    """Fill ``doc`` from the parsed devices: counts, driver version, bus IDs missing from nvidia-smi, problems."""
+    expected, seen = doc["expected"], len(devices)
+    doc.update(
+        seen=seen,
+        missing=max(0, expected - seen),
+        extra=max(0, seen - expected),
+        devices=[{k: v for k, v in d.items() if k != "driver_version"} for d in devices],
+    )
+    drivers = sorted({d["driver_version"] for d in devices if d["driver_version"]})
+    doc["driver_version"] = drivers[0] if len(drivers) == 1 else (", ".join(drivers) or None)
+    if pci_bus_ids is not None:
+        smi_ids = {d["pci_bus_id"] for d in devices}
+        doc["missing_bus_ids"] = sorted(set(pci_bus_ids) - smi_ids)
+    found = count_problem(expected, seen, doc["missing_bus_ids"])
+    if found:
+        doc["error"] = found["cause"]
+        doc["problems"].append(found)
+    if module_version and drivers and drivers != [module_version]:
+        doc["problems"].append(mismatch_problem(module_version, doc["driver_version"]))
+
+
+def evaluate(
+    expected: int,
+    result: CommandResult,
+    nvidia_smi: str = "nvidia-smi",
+    pci_bus_ids: Sequence[str] | None = None,
+    module_version: str | None = None,
+) -> dict[str, Any]:
+    """Turn nvidia-smi's answer into the result document (pure: no I/O).
+
+    Args:
+        expected: GPUs the inventory expects.
+        result: what running nvidia-smi gave.
+        nvidia_smi: the path used, for messages.
+        pci_bus_ids: NVIDIA GPU bus IDs seen by lspci (``0000:17:00.0`` form), or None when lspci
+            was not run.
+        module_version: the loaded kernel module's version (``/proc/driver/nvidia/version``), or
+            None when unknown; a value that differs from nvidia-smi's driver version is a problem.
+    """
+    doc = _new_doc(expected, pci_bus_ids, module_version)
     no_devices = "no devices were found" in (result.stdout + result.stderr).lower()
     if expected == 0 and (no_devices or result.rc == 6):
         doc["ok"] = True
@@ -327,7 +266,7 @@ def evaluate(
             doc["missing_bus_ids"] = sorted(pci_bus_ids)
         return doc
     try:
-        devices = parse_query_csv(result.stdout)
+        devices = parse_query_gpu(result.stdout, QUERY_FIELDS)
     except ValueError as exc:
         doc["error"] = str(exc)
         doc["problems"].append(
@@ -339,24 +278,7 @@ def evaluate(
             )
         )
         return doc
-    seen = len(devices)
-    doc.update(
-        seen=seen,
-        missing=max(0, expected - seen),
-        extra=max(0, seen - expected),
-        devices=[{k: v for k, v in d.items() if k != "driver_version"} for d in devices],
-    )
-    drivers = sorted({d["driver_version"] for d in devices})
-    doc["driver_version"] = drivers[0] if len(drivers) == 1 else (", ".join(drivers) or None)
-    if pci_bus_ids is not None:
-        smi_ids = {d["pci_bus_id"] for d in devices}
-        doc["missing_bus_ids"] = sorted(set(pci_bus_ids) - smi_ids)
-    found = count_problem(expected, seen, doc["missing_bus_ids"])
-    if found:
-        doc["error"] = found["cause"]
-        doc["problems"].append(found)
-    if module_version and drivers and drivers != [module_version]:
-        doc["problems"].append(mismatch_problem(module_version, doc["driver_version"]))
+    _count_devices(doc, devices, pci_bus_ids, module_version)
     doc["ok"] = not doc["problems"]
     return doc
 
@@ -380,7 +302,7 @@ def lspci_bus_ids(lspci: str | None, timeout: float = 30.0) -> list[str] | None:
     result = run_command([lspci, "-D", "-n", "-d", "10de:"], timeout)
     if result.rc != 0:
         return None
-    return parse_lspci(result.stdout)
+    return [gpu["pci_bus_id"] for gpu in parse_lspci(result.stdout)]
 
 
 def check_gpus(
@@ -403,18 +325,17 @@ def check_gpus(
 
 def busy_gpus_text(text: str, devices: Sequence[dict[str, Any]]) -> str | None:
     """Processes holding GPU memory, from ``nvidia-smi --query-compute-apps=pid,process_name,
-    gpu_uuid,used_memory --format=csv,noheader,nounits`` output (``used_memory`` in MiB), as one
-    phrase: "GPU 0: PID 4242 python3 (30512 MiB); GPU 1: ...".  ``devices`` (this module's device
-    records) map UUIDs to indexes.  None when no process holds a GPU."""
+    gpu_uuid,used_memory --format=csv,noheader,nounits`` output (read by
+    ``gpu_parsers.parse_compute_apps``), as one phrase: "GPU 0: PID 4242 python3 (30512 MiB);
+    GPU 1: ...".  ``devices`` (this module's device records) map UUIDs to indexes.  None when no
+    process holds a GPU."""
     index_of = {d.get("uuid"): d.get("index") for d in devices}
     parts = []
-    for line in text.splitlines():
-        cells = [c.strip() for c in line.split(",")]
-        if len(cells) != 4 or not cells[0].isdigit():
-            continue
-        pid, name, uuid, used = cells
+    for app in parse_compute_apps(text):
+        uuid, used = app["gpu_uuid"], app["used_memory_mib"]
         where = f"GPU {index_of[uuid]}" if uuid in index_of else uuid
-        parts.append(f"{where}: PID {pid} {name} ({used} MiB)")
+        memory = "memory unknown" if used is None else f"{used} MiB"
+        parts.append(f"{where}: PID {app['pid']} {app['process_name']} ({memory})")
     return "; ".join(parts) or None
 
 
@@ -422,7 +343,7 @@ def busy_gpus(nvidia_smi: str, devices: Sequence[dict[str, Any]], timeout: float
     """Run the compute-apps query (see :func:`busy_gpus_text`); None when nothing runs or
     nvidia-smi fails."""
     result = run_command(
-        [nvidia_smi, "--query-compute-apps=pid,process_name,gpu_uuid,used_memory", "--format=csv,noheader,nounits"],
+        [nvidia_smi, "--query-compute-apps=" + ",".join(COMPUTE_APPS_FIELDS), "--format=csv,noheader,nounits"],
         timeout,
     )
     return busy_gpus_text(result.stdout, devices) if result.rc == 0 else None

@@ -55,7 +55,8 @@ from typing import Any
 
 import gpu_count
 import libraries
-from fit import MULTIWORKER_FIX, NCCL_HANG_FIX, OOM_CAUSE, TFConfigError, parse_tf_config
+from fit import MULTIWORKER_FIX, NCCL_HANG_FIX, OOM_CAUSE, TFConfigError, add_fit_arguments, parse_tf_config
+from gpu_parsers import SAMPLE_FIELDS, parse_samples
 from verify_common import (
     EXIT_CHECK_FAILED,
     EXIT_OK,
@@ -123,8 +124,10 @@ def tf_loaded_library_problems(
     expect_cuda: str | None,
     expect_cudnn: str | None,
 ) -> list[Problem]:
-    """Check the libcudart/libcudnn files TensorFlow itself mapped (its RUNPATH may pick other
-    copies than the system loader path, reference section 1.4) against the pins."""
+    """Check the libcudart/libcudnn files TensorFlow itself mapped against the pins: its
+    DT_RUNPATH (e.g. the venv's nvidia-* wheels) and LD_LIBRARY_PATH come before the system
+    loader's cache in the search order, so it may load other copies than ``ldconfig -p`` lists
+    (ld.so(8) manual page, DESCRIPTION, https://man7.org/linux/man-pages/man8/ld.so.8.html)."""
     problems: list[Problem] = []
     if not loaded:
         return problems
@@ -310,27 +313,57 @@ def run_fit_subprocess(
     fd, progress_path = tempfile.mkstemp(prefix="gpu-verify-fit-", suffix=".jsonl")
     os.close(fd)
     command = [sys.executable, fit_script, "--progress", progress_path, *fit_argv]
-    env = dict(os.environ)
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    timed_out = False
     try:
-        proc = subprocess.Popen(
-            command,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
-            env=env,
-        )
-        try:
-            stdout, stderr = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            kill_group(proc)
-            stdout, stderr = proc.communicate()
+        returncode, stdout, stderr, timed_out = _communicate(command, timeout)
         progress = read_progress(progress_path)
     finally:
         os.unlink(progress_path)
+    result = _fit_document(stdout, timed_out)
+    result["timed_out"] = timed_out
+    result["returncode"] = returncode
+    if "tensorflow" not in result or result["tensorflow"] is None:
+        tf_records = [r["tensorflow"] for r in progress if r.get("stage") == "tensorflow"]
+        result["tensorflow"] = tf_records[-1] if tf_records else None
+    found: Problem | None = None
+    if timed_out:
+        found = timeout_problem(timeout, progress, multiworker)
+    elif "num_replicas_in_sync" not in result:
+        found = crash_problem(returncode, stderr)
+    if found is not None:
+        result["error"] = found["cause"]
+        result["problems"] = [found]
+        result["ok"] = False
+    if not result["ok"]:
+        result["stderr_tail"] = tail(stderr, 4000)
+    return result
+
+
+def _communicate(command: list[str], timeout: float) -> tuple[int, str, str, bool]:
+    """Run ``command`` in its own process group (TF_CPP_MIN_LOG_LEVEL 2 unless set); kill the
+    group after ``timeout`` seconds.  Returns ``(returncode, stdout, stderr, timed_out)``."""
+    env = dict(os.environ)
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    proc = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env=env,
+    )
+    timed_out = False
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        kill_group(proc)
+        stdout, stderr = proc.communicate()
+    return proc.returncode, stdout, stderr, timed_out
+
+
+def _fit_document(stdout: str, timed_out: bool) -> dict[str, Any]:
+    """The fit's JSON result from its stdout (an empty one when it timed out or printed none),
+    with ``ok``, ``problems`` and ``error`` always present."""
     result: dict[str, Any]
     try:
         result = json.loads(stdout) if stdout.strip() and not timed_out else {}
@@ -341,52 +374,19 @@ def run_fit_subprocess(
     result.setdefault("ok", False)
     result.setdefault("problems", [])
     result.setdefault("error", None)
-    result["timed_out"] = timed_out
-    result["returncode"] = proc.returncode
-    if "tensorflow" not in result or result["tensorflow"] is None:
-        tf_records = [r["tensorflow"] for r in progress if r.get("stage") == "tensorflow"]
-        result["tensorflow"] = tf_records[-1] if tf_records else None
-    if timed_out:
-        found = timeout_problem(timeout, progress, multiworker)
-        result["error"] = found["cause"]
-        result["problems"] = [found]
-        result["ok"] = False
-    elif "num_replicas_in_sync" not in result:
-        found = crash_problem(proc.returncode, stderr)
-        result["error"] = found["cause"]
-        result["problems"] = [found]
-        result["ok"] = False
-    if not result["ok"]:
-        result["stderr_tail"] = tail(stderr, 4000)
     return result
-
-
-def parse_samples(text: str) -> dict[str, dict[str, Any]]:
-    """Lines of ``nvidia-smi --query-gpu=index,utilization.gpu,memory.used
-    --format=csv,noheader,nounits -lms N`` -> ``{index: {utilization_gpu_peak_pct,
-    memory_used_peak_mib, samples}}``; lines that do not parse (``[N/A]``, a cut last line) are skipped."""
-    peaks: dict[str, dict[str, Any]] = {}
-    for line in text.splitlines():
-        cells = [c.strip() for c in line.split(",")]
-        if len(cells) != 3 or not all(c.isdigit() for c in cells):
-            continue
-        index, util, used = cells[0], int(cells[1]), int(cells[2])
-        peak = peaks.setdefault(index, {"utilization_gpu_peak_pct": 0, "memory_used_peak_mib": 0, "samples": 0})
-        peak["utilization_gpu_peak_pct"] = max(peak["utilization_gpu_peak_pct"], util)
-        peak["memory_used_peak_mib"] = max(peak["memory_used_peak_mib"], used)
-        peak["samples"] += 1
-    return peaks
 
 
 class UtilisationSampler:
     """Sample utilisation and memory of every GPU with ``nvidia-smi ... -lms interval_ms`` while
     the fit runs (nvidia-smi's own loop; source: nvidia-smi --help, -lms). ``stop()`` returns
-    :func:`parse_samples` of what it printed, or None when nvidia-smi could not be started."""
+    ``gpu_parsers.parse_samples`` of what it printed (peaks per GPU index), or None when nvidia-smi
+    could not be started."""
 
     def __init__(self, nvidia_smi: str, interval_ms: int = 500) -> None:
         self.command = [
             nvidia_smi,
-            "--query-gpu=index,utilization.gpu,memory.used",
+            "--query-gpu=" + ",".join(SAMPLE_FIELDS),
             "--format=csv,noheader,nounits",
             "-lms",
             str(interval_ms),
@@ -483,22 +483,9 @@ def multiworker_summary(fit: dict[str, Any], tf_config: str | None) -> dict[str,
     )
 
 
-def verify(args: argparse.Namespace) -> dict[str, Any]:
-    """Run every check and assemble the output document."""
-    started = time.monotonic()
-    problems: list[Problem] = []
-    gpus = gpu_count.check_gpus(args.expected_gpus, args.nvidia_smi, lspci=None if args.no_lspci else args.lspci)
-    problems += gpus["problems"]
-    problems += driver_problems(gpus["driver_version"], args.expect_driver)
-
-    libs_doc = libraries.check_libraries(args.expect_cuda, args.expect_cudnn, args.cuda_root)
-    libs = libs_doc["libraries"]
-    problems += libs_doc["problems"]
-
-    expected_replicas: int | None = args.cpu_replicas if args.cpu_replicas > 0 else args.expected_gpus
-    tf_config = os.environ.get("TF_CONFIG")
-    if args.multiworker:
-        expected_replicas = multiworker_replicas(tf_config, args.expected_gpus, args.cpu_replicas)
+def fit_arguments(args: argparse.Namespace) -> list[str]:
+    """fit.py's command line for gpu_verify.py's options (``--expected-replicas`` and
+    ``--use-replicas`` are added by :func:`run_fits`)."""
     fit_argv = [
         "--cpu-replicas",
         str(args.cpu_replicas),
@@ -517,6 +504,22 @@ def verify(args: argparse.Namespace) -> dict[str, Any]:
         fit_argv.append("--mixed-precision")
     if args.multiworker:
         fit_argv.append("--multiworker")
+    return fit_argv
+
+
+def run_fits(
+    args: argparse.Namespace, tf_config: str | None
+) -> tuple[dict[str, Any], dict[str, Any] | None, dict[str, dict[str, Any]] | None]:
+    """Run the fit while sampling GPU utilisation, then the 1-replica baseline when ``--scaling``
+    asks for it and the fit passed on more than one replica.
+
+    Returns ``(fit, scaling, utilisation)``: scaling is None when not measured, a note without
+    ``problems`` with ``--multiworker``, else :func:`scaling_result`.
+    """
+    expected_replicas: int | None = args.cpu_replicas if args.cpu_replicas > 0 else args.expected_gpus
+    if args.multiworker:
+        expected_replicas = multiworker_replicas(tf_config, args.expected_gpus, args.cpu_replicas)
+    fit_argv = fit_arguments(args)
     sampler = UtilisationSampler(args.nvidia_smi)
     sampler.start()
     try:
@@ -538,16 +541,22 @@ def verify(args: argparse.Namespace) -> dict[str, Any]:
     elif args.scaling and fit.get("ok") and (fit.get("num_replicas_in_sync") or 0) > 1:
         single = run_fit_subprocess(fit_argv + ["--use-replicas", "1"], args.timeout, args.fit_script)
         scaling = scaling_result(fit, single, args.scaling_threshold)
+    return fit, scaling, utilisation
 
-    tf_info = fit.pop("tensorflow", None) or {
-        "version": None,
-        "is_cuda_build": None,
-        "build_info": {},
-        "gpus": None,
-        "error": "TensorFlow information unavailable: the fit stopped before reporting it",
-    }
-    fit_problems = fit.get("problems") or []
-    if not any(p.get("check") == "tensorflow" for p in fit_problems):
+
+def fit_problems(
+    args: argparse.Namespace,
+    fit: dict[str, Any],
+    tf_info: dict[str, Any],
+    libs: dict[str, dict[str, Any]],
+    gpus: dict[str, Any],
+) -> list[Problem]:
+    """Problems from the fit's report, in order: TensorFlow against the libraries and the pin (not
+    when TensorFlow failed to import), the library files TensorFlow mapped, then the fit's own
+    problems (an out-of-memory one names the processes holding GPU memory)."""
+    problems: list[Problem] = []
+    found = fit.get("problems") or []
+    if not any(p.get("check") == "tensorflow" for p in found):
         if not tf_info.get("error"):
             problems += libraries.tensorflow_problems(tf_info, libs, args.expect_tensorflow)
         if args.cpu_replicas == 0:
@@ -556,17 +565,48 @@ def verify(args: argparse.Namespace) -> dict[str, Any]:
     problems += libraries.mixed_cuda_major_problems(
         [entry["path"] for entries in (fit.get("loaded_libraries") or {}).values() for entry in entries]
     )
-    if any(str(p.get("cause", "")).startswith(OOM_CAUSE) for p in fit_problems):
-        fit_problems = explain_oom(fit_problems, gpu_count.busy_gpus(args.nvidia_smi, gpus.get("devices") or []))
-    problems += fit_problems
-    if scaling is not None and "problems" in scaling:
-        found = scaling.pop("problems")
-        if args.cpu_replicas > 0:
-            # Logical CPU devices share the same cores: the number says nothing about GPU links.
-            scaling["note"] = "measured on logical CPU devices that share the same cores; not judged"
-            scaling["ok"] = None
-        else:
-            problems += found
+    if any(str(p.get("cause", "")).startswith(OOM_CAUSE) for p in found):
+        found = explain_oom(found, gpu_count.busy_gpus(args.nvidia_smi, gpus.get("devices") or []))
+    return problems + found
+
+
+def judge_scaling(scaling: dict[str, Any] | None, cpu_replicas: int) -> list[Problem]:
+    """Take the scaling check's problems out of ``scaling`` and return them; on logical CPU
+    devices (``cpu_replicas`` > 0) the result is noted as not judged and nothing is returned."""
+    if scaling is None or "problems" not in scaling:
+        return []
+    found = scaling.pop("problems")
+    if cpu_replicas > 0:
+        # Logical CPU devices share the same cores: the number says nothing about GPU links.
+        scaling["note"] = "measured on logical CPU devices that share the same cores; not judged"
+        scaling["ok"] = None
+        return []
+    return found
+
+
+def verify(args: argparse.Namespace) -> dict[str, Any]:
+    """Run every check and assemble the output document."""
+    started = time.monotonic()
+    problems: list[Problem] = []
+    gpus = gpu_count.check_gpus(args.expected_gpus, args.nvidia_smi, lspci=None if args.no_lspci else args.lspci)
+    problems += gpus["problems"]
+    problems += driver_problems(gpus["driver_version"], args.expect_driver)
+
+    libs_doc = libraries.check_libraries(args.expect_cuda, args.expect_cudnn, args.cuda_root)
+    libs = libs_doc["libraries"]
+    problems += libs_doc["problems"]
+
+    tf_config = os.environ.get("TF_CONFIG")
+    fit, scaling, utilisation = run_fits(args, tf_config)
+    tf_info = fit.pop("tensorflow", None) or {
+        "version": None,
+        "is_cuda_build": None,
+        "build_info": {},
+        "gpus": None,
+        "error": "TensorFlow information unavailable: the fit stopped before reporting it",
+    }
+    problems += fit_problems(args, fit, tf_info, libs, gpus)
+    problems += judge_scaling(scaling, args.cpu_replicas)
 
     multiworker = multiworker_summary(fit, tf_config) if args.multiworker else None
     return {
@@ -652,13 +692,9 @@ def format_table(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The command-line interface."""
-    parser = argparse.ArgumentParser(
-        description="Verify this host's GPUs, driver, CUDA runtime, cuDNN and TensorFlow, and run "
-        "a MirroredStrategy smoke fit; print one JSON document (or a table).",
-        epilog="Exit codes: 0 all checks passed, 1 a check failed, 2 usage error.",
-    )
+def add_expectation_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add what the inventory expects of this host: ``--expected-gpus``, the version pins and
+    ``--cuda-root``."""
     parser.add_argument(
         "--expected-gpus",
         type=non_negative_int,
@@ -669,6 +705,22 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--expect-cuda", metavar="X.Y", help="pinned CUDA version, e.g. 11.8")
     parser.add_argument("--expect-cudnn", metavar="X.Y.Z", help="pinned cuDNN version, e.g. 8.6.0")
     parser.add_argument("--expect-tensorflow", metavar="X.Y.Z", help="pinned TensorFlow version")
+    parser.add_argument(
+        "--cuda-root",
+        metavar="DIR",
+        help="the stack's CUDA toolkit folder (default /usr/local/cuda-<--expect-cuda>); its lib64 is "
+        "where libcudart/libcudnn are expected",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command-line interface."""
+    parser = argparse.ArgumentParser(
+        description="Verify this host's GPUs, driver, CUDA runtime, cuDNN and TensorFlow, and run "
+        "a MirroredStrategy smoke fit; print one JSON document (or a table).",
+        epilog="Exit codes: 0 all checks passed, 1 a check failed, 2 usage error.",
+    )
+    add_expectation_arguments(parser)
     parser.add_argument(
         "--cpu-replicas",
         type=non_negative_int,
@@ -699,40 +751,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=0.75,
         help="lowest acceptable scaling efficiency, a fraction (default 0.75)",
     )
-    parser.add_argument(
-        "--mixed-precision",
-        action="store_true",
-        help="fit with the mixed_float16 policy",
-    )
+    parser.add_argument("--mixed-precision", action="store_true", help="fit with the mixed_float16 policy")
     parser.add_argument("--stack", help="label for this TensorFlow stack, e.g. tf2.12")
     parser.add_argument("--output", metavar="PATH", help="also write the JSON document to PATH")
-    parser.add_argument(
-        "--format",
-        choices=("json", "table"),
-        default="json",
-        help="stdout format (default json)",
-    )
-    parser.add_argument(
-        "--per-replica-batch",
-        type=int,
-        default=16,
-        help="fit: samples per replica per step (default 16)",
-    )
-    parser.add_argument("--steps", type=int, default=8, help="fit: steps per epoch (default 8)")
-    parser.add_argument("--epochs", type=int, default=3, help="fit: epochs (default 3)")
-    parser.add_argument("--seed", type=int, default=1234, help="fit: random seed (default 1234)")
-    parser.add_argument(
-        "--learning-rate",
-        type=positive_float,
-        default=0.01,
-        help="fit: Adam learning rate (default 0.01; a huge value such as 1e30 makes the loss non-finite)",
-    )
-    parser.add_argument(
-        "--cuda-root",
-        metavar="DIR",
-        help="the stack's CUDA toolkit folder (default /usr/local/cuda-<--expect-cuda>); its lib64 is "
-        "where libcudart/libcudnn are expected",
-    )
+    parser.add_argument("--format", choices=("json", "table"), default="json", help="stdout format (default json)")
+    add_fit_arguments(parser, help_prefix="fit: ")
     parser.add_argument(
         "--fit-script",
         default=os.path.join(HERE, "fit.py"),
@@ -746,9 +769,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     libraries.check_pin_arguments(parser, args)
-    for name in ("per_replica_batch", "steps", "epochs"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be >= 1")
     doc = verify(args)
     if args.output:
         write_json_atomic(args.output, doc)

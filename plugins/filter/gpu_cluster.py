@@ -16,9 +16,12 @@ from typing import Any
 
 from ansible.errors import AnsibleFilterError
 
-ADDRESS_VAR = "__gpu_verify_mw_address"
-PORT_VAR = "__gpu_verify_mw_port"
-READY_VAR = "__gpu_verify_mw_ready"
+# gpu_verify publishes this fact on every host before the cluster is built: {address, port, ready}.
+WORKER_FACT = "gpu_verify_multiworker_worker"
+
+
+def _worker(hostvars: Any, host: str) -> dict:
+    return hostvars[host].get(WORKER_FACT) or {}
 
 
 def worker_endpoint(address: str, port: int) -> str:
@@ -44,10 +47,10 @@ def gpu_tf_config(hosts: list[str], hostvars: Any, all_hosts: list[str] | None =
 
     Args:
         hosts: the workers, in order (``ansible_play_hosts``); the first is the chief.
-        hostvars: Ansible's ``hostvars``. Per host: ``__gpu_verify_mw_address`` (from
-            ``gpu_verify_multiworker_address``: where the other workers reach it),
-            ``__gpu_verify_mw_port`` (``gpu_verify_multiworker_port``: the TCP port it listens on;
-            hosts may differ) and ``__gpu_verify_mw_ready`` (its venv exists).
+        hostvars: Ansible's ``hostvars``. Per host, the fact ``gpu_verify_multiworker_worker``
+            published by gpu_verify: ``address`` (from ``gpu_verify_multiworker_address``: where
+            the other workers reach it), ``port`` (``gpu_verify_multiworker_port``: the TCP port it
+            listens on; hosts may differ) and ``ready`` (its venv exists).
         all_hosts: every host the play started with (``ansible_play_hosts_all``), to name the
             ones that dropped out before this point.
 
@@ -63,7 +66,7 @@ def gpu_tf_config(hosts: list[str], hostvars: Any, all_hosts: list[str] | None =
             f"The multi-worker check needs at least 2 hosts in the play, got {len(hosts)} ({', '.join(hosts)}){gone}: "
             "run playbooks/verify.yml -e gpu_verify_multiworker=true against a group of 2 or more reachable hosts."
         )
-    not_ready = [h for h in hosts if not hostvars[h].get(READY_VAR, True)]
+    not_ready = [h for h in hosts if not _worker(hostvars, h).get("ready", True)]
     if not_ready:
         raise AnsibleFilterError(
             f"The default stack's venv is missing on {', '.join(not_ready)}; every worker needs it, so no worker "
@@ -71,14 +74,14 @@ def gpu_tf_config(hosts: list[str], hostvars: Any, all_hosts: list[str] | None =
         )
     endpoints = []
     for host in hosts:
-        address = str(hostvars[host].get(ADDRESS_VAR) or "").strip()
+        address = str(_worker(hostvars, host).get("address") or "").strip()
         if not address:
             raise AnsibleFilterError(
                 f"{host} has no address for the multi-worker cluster: set gpu_verify_multiworker_address "
                 "for it (an address the other workers can reach), or gather facts so its default IPv4 "
                 "address is known."
             )
-        endpoints.append(worker_endpoint(address, _port(host, hostvars[host].get(PORT_VAR))))
+        endpoints.append(worker_endpoint(address, _port(host, _worker(hostvars, host).get("port"))))
     clashes = sorted({e for e in endpoints if endpoints.count(e) > 1})
     if clashes:
         owners = {e: [h for h, x in zip(hosts, endpoints) if x == e] for e in clashes}

@@ -6,10 +6,19 @@ kernel headers, nvidia_gpu_facts, compute processes) and this module turns them 
 as the filters ``gpu_host_check``, ``gpu_space_needs``, ``gpu_compute_apps`` and
 ``gpu_findmnt_mounts``; plain functions for unit tests.
 
-Sources: the CUDA Installation Guide for Linux (nouveau must be disabled; ``--tmpdir`` "when /tmp
-is full or mounted noexec"; the kernel headers of the running kernel are needed to build the
-module; Secure Boot needs signed modules), reference sections 3.1, 4.1, 4.2; the multi-GPU
-hardware advice (mixed models, PCIe width, NVLink) is the project's seed guidance.
+Sources (public):
+
+- NVIDIA CUDA Installation Guide for Linux, https://docs.nvidia.com/cuda/cuda-installation-guide-linux/ :
+  "Pre-installation Actions" (a supported distribution; the kernel headers and development packages
+  of the running kernel, which building the kernel module needs); "Disabling Nouveau" (nouveau must
+  not be loaded when the NVIDIA driver is installed); "Runfile Installation", advanced options:
+  ``--tmpdir`` moves the installer's scratch space for when /tmp cannot be used, e.g. when it is
+  full or mounted noexec.
+- Secure Boot only loads signed kernel modules: the NVIDIA driver README, chapter "Installing the
+  NVIDIA Driver", section "Signing the NVIDIA Kernel Module" (shipped per driver release, e.g.
+  https://download.nvidia.com/XFree86/Linux-x86_64/470.239.06/README/installdriver.html), and the
+  Linux kernel's "Kernel module signing facility", https://docs.kernel.org/admin-guide/module-signing.html.
+- The multi-GPU hardware advice (mixed models, PCIe width, NVLink) is the project's seed guidance.
 """
 
 from __future__ import annotations
@@ -18,6 +27,8 @@ import difflib
 import posixpath
 import re
 from typing import Any
+
+from ansible_collections.gpu_fleet.tf_hosts.plugins.module_utils.gpu_parsers import parse_compute_apps
 
 MIB = 1024 * 1024
 HOST_CHECKS = (
@@ -68,6 +79,195 @@ def _mib(value: float) -> str:
     return f"{value / MIB:,.0f} MiB"
 
 
+# What each check reports: (cause, fix) templates, filled with str.format from the fields a check
+# function returns for each finding. "skip_checks" reports settings that name an unknown check.
+MESSAGES: dict[str, tuple[str, str]] = {
+    "os": (
+        "{dist} {major} is not a supported OS ({names}).",
+        "Use a supported release, or add it to the role's supported list after testing it.",
+    ),
+    "disk": (
+        "{path} ({purpose}) is on {mount} with {free} free; {need} is needed.",
+        "Free space on {mount}, or point {target} at a larger disk.",
+    ),
+    "noexec": (
+        "{path} ({purpose}) is on {mount}, mounted noexec; NVIDIA's installers run programs from it.",
+        "Point {target} at a file system mounted with exec.",
+    ),
+    "nouveau": (
+        "The nouveau driver is loaded; the NVIDIA kernel module cannot load beside it.",
+        "Let the run blacklist it (nvidia_driver_blacklist_nouveau: true) and reboot, then rerun.",
+    ),
+    "secure_boot": (
+        "Secure Boot is on and no module signing key is configured; the kernel will refuse the unsigned NVIDIA module.",
+        "Enrol a Machine Owner Key and configure it for DKMS signing, or turn Secure Boot off.",
+    ),
+    "kernel_headers": (
+        "No kernel headers for the running kernel {kernel} (/lib/modules/<kernel>/build), and none can be installed.",
+        "Install {package} or boot a kernel whose headers are available.",
+    ),
+    "installer_running": (
+        "An install from an earlier run is still running on the host: {running}.",
+        "Wait for it to finish (or stop it), then rerun; the rerun skips what it completed.",
+    ),
+    "gpus_busy": (
+        "The driver would change while GPUs run compute processes: {listed}.",
+        "Drain the host (stop those jobs) and rerun.",
+    ),
+    "mixed_models": (
+        "Mixed GPU models: {models}; MirroredStrategy runs at the pace of the slowest.",
+        "Group hosts by GPU model or accept the slower replicas.",
+    ),
+    "pcie_width": (
+        "PCIe links below x16 on a multi-GPU host: {which}; all-reduce traffic is limited by the narrowest link.",
+        "Move the cards to x16 slots or check the riser/BIOS lane settings.",
+    ),
+    "nvlink": (
+        "{count} GPUs without NVLink: gradients cross PCIe, scaling beyond 2 GPUs is usually poor.",
+        "Expect lower scaling efficiency, or use NVLink-connected GPUs.",
+    ),
+    "skip_checks": (
+        "gpu_preflight_skip_checks names an unknown check {name!r}{hint}",
+        'Use the names {names}, as a list: -e \'{{"gpu_preflight_skip_checks": ["disk"]}}\'.',
+    ),
+}
+
+
+def _finding(check: str, fields: dict[str, Any]) -> dict[str, str]:
+    """The record of one problem or warning, ``{check, cause, fix}``, from the MESSAGES of ``check``."""
+    cause, fix = MESSAGES[check]
+    return {"check": check, "cause": cause.format(**fields), "fix": fix.format(**fields)}
+
+
+# Check functions: facts -> one dict of MESSAGES fields per finding; [] when the host passes.
+
+
+def _os_supported(facts: dict) -> list[dict[str, Any]]:
+    os_facts = facts.get("os") or {}
+    supported = facts.get("supported_os") or {}
+    dist, major = os_facts.get("distribution"), str(os_facts.get("major_version"))
+    known = [str(v) for v in supported.get(dist, [])]
+    if major in known or str(os_facts.get("version")) in known:
+        return []
+    names = ", ".join(f"{d} {'/'.join(str(v) for v in vs)}" for d, vs in supported.items())
+    return [{"dist": dist, "major": major, "names": names}]
+
+
+def _placed(want: dict, mount: dict) -> dict[str, Any]:
+    """Fields naming a wanted path, the mount it lands on and the setting that moves it."""
+    return {"path": want["path"], "purpose": want["purpose"], "mount": mount["mount"], "target": _target(want)}
+
+
+def _disk_space(facts: dict) -> list[dict[str, Any]]:
+    mounts = facts.get("mounts") or []
+    found = []
+    for want in facts.get("space") or []:
+        mount = mount_for(want["path"], mounts)
+        if mount is None:
+            continue
+        free = int(mount.get("size_available") or 0)
+        if free < int(want["need_bytes"]):
+            found.append(dict(_placed(want, mount), free=_mib(free), need=_mib(want["need_bytes"])))
+    return found
+
+
+def _noexec(facts: dict) -> list[dict[str, Any]]:
+    mounts = facts.get("mounts") or []
+    placed = [(want, mount_for(want["path"], mounts)) for want in facts.get("exec_paths") or []]
+    return [
+        _placed(want, mount) for want, mount in placed if mount and "noexec" in str(mount.get("options", "")).split(",")
+    ]
+
+
+def _nouveau(facts: dict) -> list[dict[str, Any]]:
+    return [{}] if re.search(r"^nouveau\s", facts.get("proc_modules") or "", re.M) else []
+
+
+def _secure_boot(facts: dict) -> list[dict[str, Any]]:
+    enabled = "SecureBoot enabled" in (facts.get("secure_boot") or "")
+    return [{}] if enabled and not facts.get("signing_key") else []
+
+
+def _kernel_headers(facts: dict) -> list[dict[str, Any]]:
+    if facts.get("kernel_headers"):
+        return []
+    return [{"kernel": facts.get("kernel"), "package": facts.get("kernel_headers_package")}]
+
+
+def _installer_running(facts: dict) -> list[dict[str, Any]]:
+    running = facts.get("installers") or []
+    return [{"running": "; ".join(line[:200] for line in running)}] if running else []
+
+
+def _gpus_busy(facts: dict) -> list[dict[str, Any]]:
+    apps = facts.get("compute_apps") or []
+    if not (apps and facts.get("driver_change")):
+        return []
+    return [{"listed": ", ".join(f"{a.get('process_name')} (pid {a.get('pid')})" for a in apps)}]
+
+
+def _mixed_models(facts: dict) -> list[dict[str, Any]]:
+    gpus = facts.get("gpus") or {}
+    return [{"models": ", ".join(gpus["models"])}] if len(set(gpus.get("models") or [])) > 1 else []
+
+
+def _narrow_links(records: list[dict]) -> list[dict]:
+    """GPUs in slots narrower than x16, then GPUs whose link runs below their slot's width."""
+    narrow = [g for g in records if g.get("pcie_link_width_max") and g["pcie_link_width_max"] < 16]
+    return narrow + [
+        g
+        for g in records
+        if g not in narrow
+        and g.get("pcie_link_width_current")
+        and g.get("pcie_link_width_max")
+        and g["pcie_link_width_current"] < g["pcie_link_width_max"]
+    ]
+
+
+def _pcie_width(facts: dict) -> list[dict[str, Any]]:
+    records = (facts.get("gpus") or {}).get("gpus") or []
+    narrow = _narrow_links(records) if len(records) > 1 else []
+    if not narrow:
+        return []
+    return [{"which": ", ".join(f"GPU {g.get('index')} at x{g.get('pcie_link_width_current')}" for g in narrow)}]
+
+
+def _nvlink(facts: dict) -> list[dict[str, Any]]:
+    gpus = facts.get("gpus") or {}
+    records = gpus.get("gpus") or []
+    if len(records) > 2 and not gpus.get("nvlink_pairs") and not gpus.get("nvswitch_present"):
+        return [{"count": len(records)}]
+    return []
+
+
+# (check name, check function, scope), run in this order. Scope "kernel": only where the run builds
+# kernel modules (facts['manage_kernel']); "hardware": advice, a warning unless strict_hardware;
+# "host": always a problem. HOST_CHECKS holds the same names, in the order messages list them.
+CHECKS = (
+    ("os", _os_supported, "host"),
+    ("disk", _disk_space, "host"),
+    ("noexec", _noexec, "host"),
+    ("nouveau", _nouveau, "kernel"),
+    ("secure_boot", _secure_boot, "kernel"),
+    ("kernel_headers", _kernel_headers, "kernel"),
+    ("installer_running", _installer_running, "host"),
+    ("gpus_busy", _gpus_busy, "host"),
+    ("mixed_models", _mixed_models, "hardware"),
+    ("pcie_width", _pcie_width, "hardware"),
+    ("nvlink", _nvlink, "hardware"),
+)
+
+
+def _unknown_skips(skip: set) -> list[dict[str, str]]:
+    """A problem for each name in ``skip_checks`` that is no check, with the closest name if any."""
+    found = []
+    for name in sorted(skip - set(HOST_CHECKS)):
+        close = difflib.get_close_matches(name, HOST_CHECKS, n=1)
+        hint = f" (did you mean {close[0]!r}?)." if close else "."
+        found.append(_finding("skip_checks", {"name": name, "hint": hint, "names": ", ".join(HOST_CHECKS)}))
+    return found
+
+
 def check_host(facts: dict, settings: dict | None = None) -> dict:
     """Check one host.
 
@@ -98,136 +298,13 @@ def check_host(facts: dict, settings: dict | None = None) -> dict:
     settings = settings or {}
     problems: list[dict] = []
     warnings: list[dict] = []
-
-    def add(check: str, cause: str, fix: str, hardware: bool = False) -> None:
-        item = {"check": check, "cause": cause, "fix": fix}
-        (problems if (not hardware or settings.get("strict_hardware")) else warnings).append(item)
-
-    os_facts = facts.get("os") or {}
-    supported = facts.get("supported_os") or {}
-    dist, major = os_facts.get("distribution"), str(os_facts.get("major_version"))
-    known = [str(v) for v in supported.get(dist, [])]
-    if major not in known and str(os_facts.get("version")) not in known:
-        names = ", ".join(f"{d} {'/'.join(str(v) for v in vs)}" for d, vs in supported.items())
-        add(
-            "os",
-            f"{dist} {major} is not a supported OS ({names}).",
-            "Use a supported release, or add it to the role's supported list after testing it.",
-        )
-
-    mounts = facts.get("mounts") or []
-    for want in facts.get("space") or []:
-        mount = mount_for(want["path"], mounts)
-        if mount is None:
+    for name, check, scope in CHECKS:
+        if scope == "kernel" and not facts.get("manage_kernel"):
             continue
-        free = int(mount.get("size_available") or 0)
-        if free < int(want["need_bytes"]):
-            add(
-                "disk",
-                f"{want['path']} ({want['purpose']}) is on {mount['mount']} with {_mib(free)} free; "
-                f"{_mib(want['need_bytes'])} is needed.",
-                f"Free space on {mount['mount']}, or point {_target(want)} at a larger disk.",
-            )
-    for want in facts.get("exec_paths") or []:
-        mount = mount_for(want["path"], mounts)
-        if mount and "noexec" in str(mount.get("options", "")).split(","):
-            add(
-                "noexec",
-                f"{want['path']} ({want['purpose']}) is on {mount['mount']}, mounted noexec; "
-                "NVIDIA's installers run programs from it.",
-                f"Point {_target(want)} at a file system mounted with exec.",
-            )
-
-    if facts.get("manage_kernel"):
-        if re.search(r"^nouveau\s", facts.get("proc_modules") or "", re.M):
-            add(
-                "nouveau",
-                "The nouveau driver is loaded; the NVIDIA kernel module cannot load beside it.",
-                "Let the run blacklist it (nvidia_driver_blacklist_nouveau: true) and reboot, then rerun.",
-            )
-        secure_boot = facts.get("secure_boot") or ""
-        if "SecureBoot enabled" in secure_boot and not facts.get("signing_key"):
-            add(
-                "secure_boot",
-                "Secure Boot is on and no module signing key is configured; the kernel "
-                "will refuse the unsigned NVIDIA module.",
-                "Enrol a Machine Owner Key and configure it for DKMS signing, or turn Secure Boot off.",
-            )
-        if not facts.get("kernel_headers"):
-            add(
-                "kernel_headers",
-                f"No kernel headers for the running kernel {facts.get('kernel')} "
-                "(/lib/modules/<kernel>/build), and none can be installed.",
-                f"Install {facts.get('kernel_headers_package')} or boot a kernel whose headers are available.",
-            )
-
-    running = facts.get("installers") or []
-    if running:
-        add(
-            "installer_running",
-            "An install from an earlier run is still running on the host: "
-            + "; ".join(line[:200] for line in running)
-            + ".",
-            "Wait for it to finish (or stop it), then rerun; the rerun skips what it completed.",
-        )
-
-    apps = facts.get("compute_apps") or []
-    if apps and facts.get("driver_change"):
-        listed = ", ".join(f"{a.get('process_name')} (pid {a.get('pid')})" for a in apps)
-        add(
-            "gpus_busy",
-            f"The driver would change while GPUs run compute processes: {listed}.",
-            "Drain the host (stop those jobs) and rerun.",
-        )
-
-    gpus = facts.get("gpus") or {}
-    records = gpus.get("gpus") or []
-    if len(set(gpus.get("models") or [])) > 1:
-        add(
-            "mixed_models",
-            f"Mixed GPU models: {', '.join(gpus['models'])}; MirroredStrategy runs at the pace of the slowest.",
-            "Group hosts by GPU model or accept the slower replicas.",
-            hardware=True,
-        )
-    if len(records) > 1:
-        narrow = [g for g in records if g.get("pcie_link_width_max") and g["pcie_link_width_max"] < 16]
-        narrow += [
-            g
-            for g in records
-            if g not in narrow
-            and g.get("pcie_link_width_current")
-            and g.get("pcie_link_width_max")
-            and g["pcie_link_width_current"] < g["pcie_link_width_max"]
-        ]
-        if narrow:
-            which = ", ".join(f"GPU {g.get('index')} at x{g.get('pcie_link_width_current')}" for g in narrow)
-            add(
-                "pcie_width",
-                f"PCIe links below x16 on a multi-GPU host: {which}; all-reduce traffic is "
-                "limited by the narrowest link.",
-                "Move the cards to x16 slots or check the riser/BIOS lane settings.",
-                hardware=True,
-            )
-    if len(records) > 2 and not gpus.get("nvlink_pairs") and not gpus.get("nvswitch_present"):
-        add(
-            "nvlink",
-            f"{len(records)} GPUs without NVLink: gradients cross PCIe, scaling beyond 2 GPUs is usually poor.",
-            "Expect lower scaling efficiency, or use NVLink-connected GPUs.",
-            hardware=True,
-        )
-
+        found = [_finding(name, fields) for fields in check(facts)]
+        (warnings if scope == "hardware" and not settings.get("strict_hardware") else problems).extend(found)
     skip = set(settings.get("skip_checks") or [])
-    for name in sorted(skip - set(HOST_CHECKS)):
-        close = difflib.get_close_matches(name, HOST_CHECKS, n=1)
-        problems.append(
-            {
-                "check": "skip_checks",
-                "cause": f"gpu_preflight_skip_checks names an unknown check {name!r}"
-                + (f" (did you mean {close[0]!r}?)." if close else "."),
-                "fix": f"Use the names {', '.join(HOST_CHECKS)}, as a list: "
-                '-e \'{"gpu_preflight_skip_checks": ["disk"]}\'.',
-            }
-        )
+    problems += _unknown_skips(skip)
     overridden = [
         p for p in problems if p["check"] != "skip_checks" and (settings.get("allow_unsupported") or p["check"] in skip)
     ]
@@ -236,12 +313,33 @@ def check_host(facts: dict, settings: dict | None = None) -> dict:
 
 
 # Sizes used when the manifest does not know them (bytes). NVIDIA publishes no sizes; third parties
-# report CUDA 12.x runfiles of 4-5.5 GB and an installed 12.8 toolkit of about 8.7 GB (reference 3.3).
+# report CUDA 12.x runfiles of 4-5.5 GB and an installed 12.8 toolkit of about 8.7 GB.
 DEFAULT_RUNFILE_BYTES = 5 * 1024**3
 DEFAULT_TOOLKIT_INSTALLED_BYTES = 10 * 1024**3
 INSTALLED_PER_DOWNLOADED = 2.5  # installed toolkit / runfile, from the figures above
 # A TensorFlow venv: about 1.6 GB for tensorflow-cpu 2.21 (measured), more with CUDA wheels.
 VENV_BYTES = 4 * 1024**3
+
+
+def _download_bytes(record: dict) -> int:
+    """Size of a manifest file record (runfile, archive); DEFAULT_RUNFILE_BYTES when unknown."""
+    return int(record.get("size_bytes") or DEFAULT_RUNFILE_BYTES)
+
+
+def _installed_bytes(runfiles: list[dict]) -> int:
+    """Disk an installed toolkit takes per runfile: INSTALLED_PER_DOWNLOADED x its size, or the default."""
+    return sum(
+        int(r["size_bytes"] * INSTALLED_PER_DOWNLOADED) if r.get("size_bytes") else DEFAULT_TOOLKIT_INSTALLED_BYTES
+        for r in runfiles
+    )
+
+
+def _need(path: str, need_bytes: int, purpose: str, variable: str | None = None) -> dict[str, Any]:
+    """One ``space_needs`` item; ``variable`` (the setting that moves the folder) only when there is one."""
+    need: dict[str, Any] = {"path": path, "need_bytes": need_bytes, "purpose": purpose}
+    if variable is not None:
+        need["variable"] = variable
+    return need
 
 
 def space_needs(stacks: list[dict], driver: dict | None, present: dict, paths: dict, floor_mib: int = 0) -> list:
@@ -263,74 +361,35 @@ def space_needs(stacks: list[dict], driver: dict | None, present: dict, paths: d
         for s in stacks
         if s.get("cuda_toolkit") and s["cuda_toolkit"]["root"] not in present.get("cuda_roots", [])
     }
-    files = [s["cuda_toolkit"]["runfile"] for s in cuda_todo.values()]
-    files += [s["cudnn"]["archive"] for s in cuda_todo.values() if s.get("cudnn")]
+    runfiles = [s["cuda_toolkit"]["runfile"] for s in cuda_todo.values()]
+    files = runfiles + [s["cudnn"]["archive"] for s in cuda_todo.values() if s.get("cudnn")]
     driver_todo = driver is not None and not present.get("driver_installed")
     if driver_todo:
         files.append(driver["runfile"])
 
-    def size(record: dict) -> int:
-        return int(record.get("size_bytes") or DEFAULT_RUNFILE_BYTES)
-
     needs = []
     if files:
-        needs.append(
-            {
-                "path": paths["cache_dir"],
-                "need_bytes": sum(size(f) for f in files),
-                "purpose": "artifact cache",
-                "variable": "gpu_artifacts_host_cache_dir",
-            }
-        )
+        cache_bytes = sum(_download_bytes(f) for f in files)
+        needs.append(_need(paths["cache_dir"], cache_bytes, "artifact cache", "gpu_artifacts_host_cache_dir"))
     if cuda_todo:
-        runfiles = [s["cuda_toolkit"]["runfile"] for s in cuda_todo.values()]
-        needs.append(
-            {
-                "path": paths["cuda_tmpdir"],
-                "need_bytes": max(size(r) for r in runfiles),
-                "purpose": "CUDA installer scratch",
-                "variable": "cuda_toolkit_tmpdir",
-            }
-        )
-        installed = sum(
-            int(r["size_bytes"] * INSTALLED_PER_DOWNLOADED) if r.get("size_bytes") else DEFAULT_TOOLKIT_INSTALLED_BYTES
-            for r in runfiles
-        )
-        needs.append({"path": next(iter(cuda_todo)), "need_bytes": installed, "purpose": "CUDA toolkits"})
+        scratch_bytes = max(_download_bytes(r) for r in runfiles)
+        needs.append(_need(paths["cuda_tmpdir"], scratch_bytes, "CUDA installer scratch", "cuda_toolkit_tmpdir"))
+        needs.append(_need(next(iter(cuda_todo)), _installed_bytes(runfiles), "CUDA toolkits"))
     if driver_todo:
-        needs.append(
-            {
-                "path": paths["driver_tmpdir"],
-                "need_bytes": size(driver["runfile"]),
-                "purpose": "driver installer scratch",
-                "variable": "nvidia_driver_tmpdir",
-            }
-        )
+        driver_bytes = _download_bytes(driver["runfile"])
+        needs.append(_need(paths["driver_tmpdir"], driver_bytes, "driver installer scratch", "nvidia_driver_tmpdir"))
     venvs = [s["venv"] for s in stacks if s["venv"] not in present.get("venvs", [])]
     if venvs:
-        needs.append(
-            {
-                "path": venvs[0],
-                "need_bytes": VENV_BYTES * len(venvs),
-                "purpose": "TensorFlow venvs",
-                "variable": "the stack's venv",
-            }
-        )
+        needs.append(_need(venvs[0], VENV_BYTES * len(venvs), "TensorFlow venvs", "the stack's venv"))
     floor = int(floor_mib) * MIB
     return [dict(n, need_bytes=max(n["need_bytes"], floor)) for n in needs]
 
 
 def compute_apps(lines: list[str]) -> list[dict]:
     """Rows of ``nvidia-smi --query-compute-apps=pid,process_name,gpu_uuid,used_memory
-    --format=csv,noheader,nounits`` -> ``[{pid, process_name, gpu_uuid, used_memory_mib}]``."""
-    apps = []
-    for line in lines:
-        cells = [c.strip() for c in line.split(",")]
-        if len(cells) != 4 or not cells[0].isdigit():
-            continue
-        memory = int(cells[3]) if cells[3].isdigit() else None
-        apps.append({"pid": int(cells[0]), "process_name": cells[1], "gpu_uuid": cells[2], "used_memory_mib": memory})
-    return apps
+    --format=csv,noheader,nounits`` (``stdout_lines``) -> ``[{pid, process_name, gpu_uuid,
+    used_memory_mib}]``, read by the shared ``gpu_parsers.parse_compute_apps``."""
+    return parse_compute_apps("\n".join(lines))
 
 
 def gpu_host_check(facts: dict, settings: dict | None = None) -> dict:

@@ -85,7 +85,7 @@ def gpu_du_bytes(lines: list[str]) -> dict[str, int]:
 
 
 def gpu_verify_collect(all_hosts: list[str], hostvars: Any, alive_hosts: list[str]) -> dict:
-    """Gather ``__gpu_verify_results`` of every host, with the preflight checks it overrode.
+    """Gather ``gpu_verify_results`` of every host, with the preflight checks it overrode.
 
     Args:
         all_hosts: ``ansible_play_hosts_all`` (every host the play started with).
@@ -99,7 +99,7 @@ def gpu_verify_collect(all_hosts: list[str], hostvars: Any, alive_hosts: list[st
     report: dict[str, dict] = {}
     for host in all_hosts:
         facts = hostvars[host]
-        results = facts.get("__gpu_verify_results")
+        results = facts.get("gpu_verify_results")
         overridden = facts.get("gpu_preflight_overridden") or []
         if not results:
             report[host] = _failed(

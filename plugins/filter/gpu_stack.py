@@ -3,33 +3,189 @@
 A *stack* is what one TensorFlow virtual environment needs: TensorFlow, the Python interpreter that
 runs it, a CUDA toolkit and a cuDNN release, plus the NVIDIA driver underneath (one per host).
 Users pin some of these in the inventory (``gpu_preflight_stacks``); everything left out is taken
-from the version matrix (``data/version_matrix.yml``) and the artifact manifest
-(``data/artifacts.yml`` plus overlays). Every problem is collected, not only the first, and each one
-names its cause and a concrete fix.
+from the version matrix (``data/version_matrix.yml``, every row with its source) and the artifact
+manifest (``data/artifacts.yml`` plus overlays). Every problem is collected, not only the first, and
+each one names its cause and a concrete fix.
 
-Facts used here and their sources are listed in ``data/version_matrix.yml``; the cuDNN rule (same
-major, equal or higher minor) is TensorFlow's own run-time check in ``cuda_dnn.cc``, quoted in
-tensorflow/tensorflow#62626.
+Sources of the rules applied here:
+
+- TensorFlow's Python range and the CUDA X.Y and cuDNN X.Y each wheel was built with: TensorFlow,
+  "Tested build configurations", Linux GPU, https://www.tensorflow.org/install/source#gpu
+- minimum driver of each CUDA release: CUDA Toolkit release notes, table "CUDA Toolkit and
+  Corresponding Driver Versions", https://docs.nvidia.com/cuda/cuda-toolkit-release-notes/
+- cuDNN at run time (same major, equal or higher minor): TensorFlow's own check,
+  ``IsSourceCompatibleWithCudnnLibrary`` in ``tensorflow/stream_executor/cuda/cudnn_version.cc``
+  (called from ``cuda_dnn.cc``, quoted in https://github.com/tensorflow/tensorflow/issues/62626);
+  cuDNN releases per CUDA major: cuDNN support matrix,
+  https://docs.nvidia.com/deeplearning/cudnn/backend/latest/reference/support-matrix.html
 
 Exposed to Ansible as the filters ``gpu_stacks_resolve``, ``cudnn_header_version`` and
-``gpu_tf_requirement``; plain
-functions for unit tests.
+``gpu_tf_requirement``; plain functions for unit tests.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, NamedTuple
 
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-DEFAULT_PYTHON = "/usr/bin/python3"
 PIN_KEYS = ("name", "tensorflow", "cuda", "cudnn", "python", "package", "venv")
 DEFAULT_VENV_ROOT = "/opt/tensorflow"
 CUDA_ROOT_PREFIX = "/usr/local/cuda-"
+HOST_WIDE = "-"  # the ``stack`` of a problem that belongs to the host, not to one stack
 
 Problem = dict[str, str]
+
+
+class Message(NamedTuple):
+    """Text of one kind of problem or warning; ``cause`` and ``fix`` are ``str.format`` templates."""
+
+    check: str
+    cause: str
+    fix: str
+
+
+# Every problem and warning the resolver reports, by id. ``_problem`` is the only reader.
+MESSAGES: dict[str, Message] = {
+    # One stack (resolve_stack).
+    "tensorflow_unknown": Message(
+        "tensorflow",
+        "TensorFlow {pin} is not in the version matrix.",
+        "Pin one of TensorFlow {known}, or add a row with its sources to data/version_matrix.yml.",
+    ),
+    "tensorflow_known_bad": Message("tensorflow", "TensorFlow {version}: {note}", ""),
+    "python_unreadable": Message(
+        "python",
+        "Could not read the version of {path} on the host ({found!r}).",
+        "Install Python {supported} or point the stack's python at it.",
+    ),
+    "python_unsupported": Message(
+        "python",
+        "TensorFlow {series} supports Python {supported}; {path} on this host is {found}.",
+        "Point the stack's python at a Python {supported} interpreter, or {alternative}.",
+    ),
+    "cuda_other_major": Message(
+        "cuda",
+        "TensorFlow {series} was built with CUDA {built}; CUDA {pin} is another major release, whose "
+        "runtime library TensorFlow does not load.",
+        "Pin CUDA {built} for TensorFlow {series}, or leave cuda out to take it from the matrix.",
+    ),
+    "cuda_other_minor": Message(
+        "cuda",
+        "TensorFlow {series} was tested with CUDA {built}, not {pinned}.",
+        "Pin CUDA {built} unless you have tested {pinned}.",
+    ),
+    "cuda_runfile_missing": Message(
+        "cuda",
+        "No CUDA {pin} runfile is in the artifact manifest.",
+        "Add its cuda_{pin}*_linux.run entry with a sha256 to an artifact manifest "
+        "(gpu_preflight_manifest_overlays), or pin a CUDA release the manifest has.",
+    ),
+    "cuda_min_driver_missing": Message(
+        "cuda",
+        "CUDA {version} has no minimum-driver row in the version matrix.",
+        "Add it to data/version_matrix.yml from NVIDIA's CUDA release notes.",
+    ),
+    "cudnn_pin_invalid": Message(
+        "cudnn",
+        "cuDNN pin {pin!r} is not a version like 8.6 or 8.6.0.163.",
+        "Pin cuDNN {built} for TensorFlow {series}.",
+    ),
+    "cudnn_refused": Message(
+        "cudnn",
+        "TensorFlow {series} was built with cuDNN {built}; it refuses cuDNN {pinned} (it needs the same "
+        "major and an equal or higher minor).",
+        "Pin cuDNN {built} for TensorFlow {series}.",
+    ),
+    "cudnn_archive_missing": Message(
+        "cudnn",
+        "No cuDNN {pin} archive for CUDA {cuda_major} is in the artifact manifest.",
+        "Add its cudnn-linux-x86_64-{pin}*_cuda{cuda_major}-archive.tar.xz entry with a sha256 "
+        "to an artifact manifest (gpu_preflight_manifest_overlays).",
+    ),
+    "driver_too_old": Message(
+        "driver",
+        "CUDA {cuda} needs driver >= {min_driver}; the pinned driver is {driver}.",
+        "Raise nvidia_driver_version to >= {min_driver}{alternative}.",
+    ),
+    "compute_capability_too_low": Message(
+        "compute_capability",
+        "GPU {index} ({gpu}) has compute capability {capability}; the TensorFlow {series} wheel needs >= {floor}.",
+        "Pin an older TensorFlow that still ships code for it, or use newer GPUs.",
+    ),
+    # Any artifact: the check is the component (cuda, cudnn, driver), given by the caller.
+    "sha256_missing": Message(
+        "",
+        "{file} has no sha256 in the artifact manifest.",
+        "Add the sha256 of the file you downloaded to an overlay manifest (gpu_preflight_manifest_overlays); "
+        "unpinned files are never installed.",
+    ),
+    # All stacks of a host (resolve_stacks).
+    "no_stacks": Message(
+        "stacks", "No stack is pinned.", "Set gpu_preflight_stacks in the inventory (see inventories/gpu_hosts)."
+    ),
+    "unknown_keys": Message(
+        "stacks",
+        "Unknown key {keys} in gpu_preflight_stacks.",
+        "Use only {allowed} (check the spelling).",
+    ),
+    "missing_key": Message("stacks", "The stack has no {key!r}.", "Give every item of gpu_preflight_stacks a {key!r}."),
+    "duplicate_name": Message(
+        "stacks", "Stack name {name!r} is used twice.", "Give every stack in gpu_preflight_stacks its own name."
+    ),
+    "default_unknown": Message(
+        "stacks",
+        "The default stack {default!r} is not one of {names}.",
+        "Set gpu_preflight_default_stack to one of the stack names.",
+    ),
+    "driver_runfile_missing": Message(
+        "driver",
+        "No NVIDIA-Linux-x86_64-{driver}.run is in the artifact manifest.",
+        "Add its entry with a sha256 to an artifact manifest (gpu_preflight_manifest_overlays), or pin a driver "
+        "the manifest has.",
+    ),
+    "shared_cuda": Message(
+        "cuda",
+        "Stacks {first} and {second} want CUDA {first_version} and {second_version} in the same {root}.",
+        "Pin the same CUDA release in both stacks.",
+    ),
+    "shared_cudnn": Message(
+        "cudnn",
+        "Stacks {first} and {second} want cuDNN {first_version} and {second_version} in the same {root}.",
+        "Pin the same cuDNN release for stacks that share a CUDA version.",
+    ),
+    "shared_venv": Message(
+        "venv",
+        "Stacks {first} and {second} share the virtual environment {venv}.",
+        "Give each stack its own venv path.",
+    ),
+}
+
+# Stacks that share a CUDA X.Y share its toolkit tree and the cuDNN copied into it: the stack record
+# key compared, and the message when two stacks want different releases there.
+SHARED_TREE = (("cuda_toolkit", "shared_cuda"), ("cudnn", "shared_cudnn"))
+
+
+def _problem(stack: str, message: str, /, *, check: str = "", **fields: Any) -> Problem:
+    """The one builder of problem and warning records: ``MESSAGES[message]`` filled in with ``fields``.
+
+    ``check`` overrides the message's own check (``sha256_missing`` is shared by every component).
+    A field missing from ``fields`` raises KeyError, so a typo cannot ship a half-filled message."""
+    text = MESSAGES[message]
+    return {
+        "stack": stack,
+        "check": check or text.check,
+        "cause": text.cause.format(**fields),
+        "fix": text.fix.format(**fields),
+    }
+
+
+def _message(problem: Problem) -> str:
+    """One line for the report: ``'<stack>: <cause> <fix>'``, without the stack for host-wide ones."""
+    prefix = "" if problem["stack"] == HOST_WIDE else problem["stack"] + ": "
+    return f"{prefix}{problem['cause']} {problem['fix']}".strip()
 
 
 def _v(text: Any) -> Version:
@@ -67,6 +223,14 @@ def _range_text(series_list: list[str]) -> str:
     return ordered[0] if len(ordered) == 1 else f"{ordered[0]}-{ordered[-1]}"
 
 
+def _int_parts(text: str) -> list[int]:
+    """'8.6.0.163' -> [8, 6, 0, 163]; [] when any part is not a number."""
+    try:
+        return [int(x) for x in text.split(".")]
+    except ValueError:
+        return []
+
+
 def cuda_min_driver(matrix: dict, cuda_version: str) -> Version | None:
     """Minimum Linux driver for an exact CUDA release, or None when the matrix lacks it."""
     row = matrix.get("cuda", {}).get(cuda_version)
@@ -86,6 +250,15 @@ def tensorflow_series_for_driver(matrix: dict, driver: Version) -> list[str]:
 def tensorflow_series_for_python(matrix: dict, python: Version) -> list[str]:
     """TensorFlow series whose tested Python range contains ``python``."""
     return [s for s, row in matrix["tensorflow"].items() if SpecifierSet(row["python"]).contains(python)]
+
+
+def cudnn_accepts(built: str, pinned: list[int]) -> bool:
+    """True when TensorFlow built with cuDNN ``built`` ('X.Y') loads cuDNN ``pinned`` ([X, Y, ...]).
+
+    The major must match and the minor be equal or higher; patch levels do not matter
+    (``IsSourceCompatibleWithCudnnLibrary``, tensorflow/stream_executor/cuda/cudnn_version.cc)."""
+    b_major, b_minor = (int(x) for x in built.split("."))
+    return pinned[0] == b_major and pinned[1] >= b_minor
 
 
 def _pick_artifact(manifest: dict, component: str, prefix: str, **match: Any) -> tuple[str, dict] | None:
@@ -111,6 +284,173 @@ def _artifact_record(name: str, entry: dict) -> dict:
     }
 
 
+# --- one stack: each step below is one check or one pick --------------------------------------
+
+
+def _tensorflow_record(pin: dict, tf_row: dict) -> dict:
+    """The stack's ``tensorflow`` record; a pin of only X.Y takes the series' latest release."""
+    tf_pin = str(pin["tensorflow"])
+    series = _series(tf_pin)
+    return {
+        "version": tf_row["latest"] if tf_pin == series else tf_pin,
+        "series": series,
+        "package": pin.get("package") or "",
+        "built_cuda": tf_row["cuda"],
+        "built_cudnn": tf_row["cudnn"],
+    }
+
+
+def _warn_known_bad(name: str, tf: dict, matrix: dict) -> list[Problem]:
+    """A warning when the exact TensorFlow release is listed under ``known_bad`` in the matrix."""
+    known_bad = matrix.get("known_bad", {})
+    if tf["version"] not in known_bad:
+        return []
+    return [_problem(name, "tensorflow_known_bad", version=tf["version"], note=known_bad[tf["version"]].strip())]
+
+
+def _check_python(name: str, tf: dict, tf_row: dict, path: str, found: str, matrix: dict) -> list[Problem]:
+    """The stack's interpreter must be in the Python range TensorFlow tested ("Tested build
+    configurations", https://www.tensorflow.org/install/source#gpu)."""
+    try:
+        python = _v(found)
+    except InvalidVersion:
+        return [_problem(name, "python_unreadable", path=path, found=found, supported=_spec_text(tf_row["python"]))]
+    if SpecifierSet(tf_row["python"]).contains(python):
+        return []
+    fits = tensorflow_series_for_python(matrix, python)
+    alternative = (
+        f"pin TensorFlow {_range_text(fits)} for Python {_series(found)}"
+        if fits
+        else f"no TensorFlow in the matrix supports Python {_series(found)}"
+    )
+    supported = _spec_text(tf_row["python"])
+    fields = {"series": tf["series"], "path": path, "found": found, "supported": supported}
+    return [_problem(name, "python_unsupported", alternative=alternative, **fields)]
+
+
+def _check_cuda_major(name: str, tf: dict, cuda_pin: str) -> list[Problem]:
+    """TensorFlow loads only the CUDA runtime of the major release it was built with."""
+    built = tf["built_cuda"]
+    if cuda_pin.split(".")[0] == built.split(".")[0]:
+        return []
+    return [_problem(name, "cuda_other_major", series=tf["series"], built=built, pin=cuda_pin)]
+
+
+def _warn_cuda_minor(name: str, tf: dict, cuda_pin: str) -> list[Problem]:
+    """Another minor release of the built CUDA major runs, but TensorFlow did not test it."""
+    built = tf["built_cuda"]
+    if cuda_pin.split(".")[0] != built.split(".")[0] or _series(cuda_pin) == built:
+        return []
+    return [_problem(name, "cuda_other_minor", series=tf["series"], built=built, pinned=_series(cuda_pin))]
+
+
+def _pick_cuda(name: str, cuda_pin: str, matrix: dict, manifest: dict) -> tuple[dict | None, list[Problem]]:
+    """The stack's ``cuda_toolkit`` record from the newest manifest runfile matching the pin.
+
+    Its ``min_driver`` is the matrix row's (CUDA Toolkit release notes, table "CUDA Toolkit and
+    Corresponding Driver Versions", https://docs.nvidia.com/cuda/cuda-toolkit-release-notes/)."""
+    picked = _pick_artifact(manifest, "cuda_toolkit", cuda_pin)
+    if picked is None:
+        return None, [_problem(name, "cuda_runfile_missing", pin=cuda_pin)]
+    runfile, entry = picked
+    version = str(entry["version"])
+    problems = []
+    if cuda_min_driver(matrix, version) is None:
+        problems.append(_problem(name, "cuda_min_driver_missing", version=version))
+    record = {
+        "version": version,
+        "series": _series(version),
+        "root": CUDA_ROOT_PREFIX + _series(version),
+        "nvcc_version": entry.get("nvcc_version"),
+        "min_driver": None if problems else matrix["cuda"][version]["min_driver"],
+        "runfile": _artifact_record(runfile, entry),
+    }
+    return record, problems
+
+
+def _check_cudnn_pin(name: str, tf: dict, cudnn_pin: str) -> list[Problem]:
+    """The pinned cuDNN must be one TensorFlow loads (:func:`cudnn_accepts`)."""
+    built = tf["built_cudnn"]
+    fields = {"series": tf["series"], "built": built}
+    parts = _int_parts(cudnn_pin)
+    if len(parts) < 2:
+        return [_problem(name, "cudnn_pin_invalid", pin=cudnn_pin, **fields)]
+    if not cudnn_accepts(built, parts):
+        return [_problem(name, "cudnn_refused", pinned=_series(cudnn_pin), **fields)]
+    return []
+
+
+def _pick_cudnn(name: str, cudnn_pin: str, cuda_pin: str, manifest: dict) -> tuple[dict | None, list[Problem]]:
+    """The stack's ``cudnn`` record from the newest manifest archive for the pin and the CUDA major
+    (NVIDIA builds each cuDNN release once per CUDA major: cuDNN support matrix,
+    https://docs.nvidia.com/deeplearning/cudnn/backend/latest/reference/support-matrix.html)."""
+    cuda_major = int(cuda_pin.split(".")[0])
+    picked = _pick_artifact(manifest, "cudnn", cudnn_pin, cuda_major=cuda_major)
+    if picked is None:
+        return None, [_problem(name, "cudnn_archive_missing", pin=cudnn_pin, cuda_major=cuda_major)]
+    archive, entry = picked
+    version = str(entry["version"])
+    record = {
+        "version": version,
+        "short": _series(version, 3),
+        "series": _series(version),
+        "major": int(version.split(".")[0]),
+        "archive": _artifact_record(archive, entry),
+    }
+    return record, []
+
+
+def _check_driver(name: str, tf: dict, cuda: dict | None, driver_text: str, matrix: dict) -> list[Problem]:
+    """The CUDA runtime must not be newer than the driver (CUDA Toolkit release notes, table "CUDA
+    Toolkit and Corresponding Driver Versions"); suggests older TensorFlow series the driver runs."""
+    if not (cuda and cuda["min_driver"] and driver_text):
+        return []
+    driver = _v(driver_text)
+    if driver >= _v(cuda["min_driver"]):
+        return []
+    older = [s for s in tensorflow_series_for_driver(matrix, driver) if _v(s) < _v(tf["series"])]
+    alternative = f" or pin TensorFlow {_range_text(older)}" if older else ""
+    fields = {"cuda": cuda["version"], "min_driver": cuda["min_driver"], "driver": driver_text}
+    return [_problem(name, "driver_too_old", alternative=alternative, **fields)]
+
+
+def _check_compute_capability(name: str, tf: dict, tf_row: dict, gpus: list[dict] | None) -> list[Problem]:
+    """The wheel must carry code for every GPU of the host: compute capability >= the row's
+    ``min_compute_capability`` (TensorFlow release notes, e.g. 2.17.0:
+    https://github.com/tensorflow/tensorflow/releases/tag/v2.17.0)."""
+    floor = tf_row["min_compute_capability"]
+    floor_version = _v(floor)
+    problems = []
+    for gpu in gpus or []:
+        capability = gpu.get("compute_capability")
+        if capability and _v(capability) < floor_version:
+            gpu_fields = {"index": gpu.get("index"), "gpu": gpu.get("name"), "capability": capability}
+            problems.append(
+                _problem(name, "compute_capability_too_low", series=tf["series"], floor=floor, **gpu_fields)
+            )
+    return problems
+
+
+def _check_checksums(name: str, records: list[tuple[str, dict | None]]) -> list[Problem]:
+    """Every artifact record (``(check, record)``; None for one not picked) must have a sha256."""
+    return [
+        _problem(name, "sha256_missing", check=check, file=record["file"])
+        for check, record in records
+        if record and not record["sha256"]
+    ]
+
+
+def _stack_record(pin: dict, tf: dict, python: dict, cuda: dict | None, cudnn: dict | None) -> dict:
+    return {
+        "name": pin["name"],
+        "tensorflow": tf,
+        "python": python,
+        "cuda_toolkit": cuda,
+        "cudnn": cudnn,
+        "venv": pin.get("venv") or f"{DEFAULT_VENV_ROOT}/{tf['series']}",
+    }
+
+
 def resolve_stack(pin: dict, matrix: dict, manifest: dict, host: dict) -> dict:
     """Resolve one stack pin.
 
@@ -119,8 +459,8 @@ def resolve_stack(pin: dict, matrix: dict, manifest: dict, host: dict) -> dict:
             'X.Y.Z' | 'X.Y.Z.B', python?: path, package?: pip name, venv?: path}``.
         matrix: the parsed ``data/version_matrix.yml``.
         manifest: ``{file name: entry}`` from the merged artifact manifests.
-        host: ``{python_version: 'X.Y.Z' (of pin['python'] on the host), driver_version: the driver
-            the host will run, gpus?: [{index, name, compute_capability: 'X.Y'}] (nvidia_gpu_facts)}``.
+        host: ``{python_version: 'X.Y.Z' (of pin['python'] on the host), default_python: the
+            interpreter of a pin without ``python``, driver_version: the driver the host will run, gpus?: [{index, name, compute_capability: 'X.Y'}] (nvidia_gpu_facts)}``.
 
     Returns:
         ``{ok: bool, stack: dict | None, problems: [{stack, check, cause, fix}], warnings: [...]}``.
@@ -130,200 +470,125 @@ def resolve_stack(pin: dict, matrix: dict, manifest: dict, host: dict) -> dict:
         KeyError: when ``pin`` has no ``name`` or ``tensorflow`` (argument specs prevent this).
     """
     name = pin["name"]
+    tf_row = matrix["tensorflow"].get(_series(pin["tensorflow"]))
+    if tf_row is None:
+        known = _range_text(list(matrix["tensorflow"]))
+        problems = [_problem(name, "tensorflow_unknown", pin=pin["tensorflow"], known=known)]
+        return {"ok": False, "stack": None, "problems": problems, "warnings": []}
+    tf = _tensorflow_record(pin, tf_row)
+    python = {"path": pin.get("python") or host["default_python"], "version": str(host.get("python_version", ""))}
+    cuda_pin = str(pin.get("cuda") or tf["built_cuda"])
+    cudnn_pin = str(pin.get("cudnn") or tf["built_cudnn"])
+    warnings = _warn_known_bad(name, tf, matrix) + _warn_cuda_minor(name, tf, cuda_pin)
+
+    # The steps run in this order, and report their problems in it.
+    problems = _check_python(name, tf, tf_row, python["path"], python["version"], matrix)
+    problems += _check_cuda_major(name, tf, cuda_pin)
+    cuda, found = _pick_cuda(name, cuda_pin, matrix, manifest)
+    problems += found
+    problems += _check_cudnn_pin(name, tf, cudnn_pin)
+    cudnn, found = _pick_cudnn(name, cudnn_pin, cuda_pin, manifest)
+    problems += found
+    problems += _check_driver(name, tf, cuda, str(host.get("driver_version") or ""), matrix)
+    problems += _check_compute_capability(name, tf, tf_row, host.get("gpus"))
+    problems += _check_checksums(name, [("cuda", cuda and cuda["runfile"]), ("cudnn", cudnn and cudnn["archive"])])
+
+    stack = _stack_record(pin, tf, python, cuda, cudnn)
+    return {"ok": not problems, "stack": stack, "problems": problems, "warnings": warnings}
+
+
+# --- all stacks of a host -------------------------------------------------------------------------
+
+
+def _check_pin_keys(index: int, pin: dict) -> list[Problem]:
+    """Unknown keys (typos) and a missing ``name`` or ``tensorflow`` in one item of the list."""
+    label = str(pin.get("name") or f"stack #{index + 1}")
+    problems = []
+    unknown = sorted(set(pin) - set(PIN_KEYS))
+    if unknown:
+        keys = ", ".join(map(repr, unknown))
+        problems.append(_problem(label, "unknown_keys", keys=keys, allowed=", ".join(PIN_KEYS)))
+    problems += [_problem(label, "missing_key", key=key) for key in ("name", "tensorflow") if not pin.get(key)]
+    return problems
+
+
+def _check_pins(pins: list[dict]) -> list[Problem]:
+    """The list itself: not empty, and every item well formed."""
+    problems = [] if pins else [_problem(HOST_WIDE, "no_stacks")]
+    for index, pin in enumerate(pins):
+        problems += _check_pin_keys(index, pin)
+    return problems
+
+
+def _check_duplicate_names(names: list[str]) -> list[Problem]:
+    return [_problem(dup, "duplicate_name", name=dup) for dup in sorted({n for n in names if names.count(n) > 1})]
+
+
+def _check_default(default: str, names: list[str]) -> list[Problem]:
+    if not names or default in names:
+        return []
+    return [_problem(default, "default_unknown", default=default, names=names)]
+
+
+def _pick_driver(manifest: dict, host: dict) -> tuple[dict | None, list[Problem]]:
+    """The host's driver runfile, when the driver is installed from one (``driver_install``)."""
+    driver_text = str(host.get("driver_version") or "")
+    if not (host.get("driver_install") and driver_text):
+        return None, []
+    picked = _pick_artifact(manifest, "nvidia_driver", driver_text)
+    if picked is None or str(picked[1]["version"]) != driver_text:
+        return None, [_problem(HOST_WIDE, "driver_runfile_missing", driver=driver_text)]
+    driver = {"version": driver_text, "runfile": _artifact_record(*picked)}
+    return driver, _check_checksums(HOST_WIDE, [("driver", driver["runfile"])])
+
+
+def _resolve_each(
+    pins: list[dict], matrix: dict, manifest: dict, host: dict, default: str
+) -> tuple[list[dict], list[Problem], list[Problem]]:
+    """:func:`resolve_stack` for every pin, each with its own interpreter's version."""
+    python_versions = host.get("python_versions") or {}
+    stacks: list[dict] = []
     problems: list[Problem] = []
     warnings: list[Problem] = []
+    for pin in pins:
+        one_host = dict(host, python_version=python_versions.get(pin.get("python") or host["default_python"], ""))
+        result = resolve_stack(pin, matrix, manifest, one_host)
+        problems += result["problems"]
+        warnings += result["warnings"]
+        if result["stack"]:
+            stacks.append(dict(result["stack"], default=result["stack"]["name"] == default))
+    return stacks, problems, warnings
 
-    def problem(check: str, cause: str, fix: str) -> None:
-        problems.append({"stack": name, "check": check, "cause": cause, "fix": fix})
 
-    # TensorFlow: the anchor of the chain.
-    tf_pin = str(pin["tensorflow"])
-    tf_series = _series(tf_pin)
-    tf_row = matrix["tensorflow"].get(tf_series)
-    if tf_row is None:
-        problem(
-            "tensorflow",
-            f"TensorFlow {tf_pin} is not in the version matrix.",
-            f"Pin one of TensorFlow {_range_text(list(matrix['tensorflow']))}, or add a row with its "
-            "sources to data/version_matrix.yml.",
-        )
-        return {"ok": False, "stack": None, "problems": problems, "warnings": warnings}
-    tf_version = tf_row["latest"] if tf_pin == tf_series else tf_pin
-    if tf_version in matrix.get("known_bad", {}):
-        warnings.append(
-            {
-                "stack": name,
-                "check": "tensorflow",
-                "cause": f"TensorFlow {tf_version}: " + matrix["known_bad"][tf_version].strip(),
-                "fix": "",
-            }
-        )
+def _check_shared_tree(stack: dict, other: dict) -> list[Problem]:
+    """``stack`` and ``other`` use the same toolkit tree: same CUDA release, same cuDNN in it."""
+    if other is stack:
+        return []
+    problems = []
+    for key, message in SHARED_TREE:
+        mine, theirs = stack[key], other[key]
+        if mine and theirs and mine["version"] != theirs["version"]:
+            versions = {"first_version": theirs["version"], "second_version": mine["version"]}
+            fields = {"first": other["name"], "second": stack["name"], "root": stack["cuda_toolkit"]["root"]}
+            problems.append(_problem(stack["name"], message, **fields, **versions))
+    return problems
 
-    # Python: TensorFlow's tested range.
-    python_path = pin.get("python") or DEFAULT_PYTHON
-    py_text = str(host.get("python_version", ""))
-    try:
-        py_version = _v(py_text)
-    except InvalidVersion:
-        py_version = None
-        problem(
-            "python",
-            f"Could not read the version of {python_path} on the host ({py_text!r}).",
-            f"Install Python {_spec_text(tf_row['python'])} or point the stack's python at it.",
-        )
-    if py_version is not None and not SpecifierSet(tf_row["python"]).contains(py_version):
-        fits = tensorflow_series_for_python(matrix, py_version)
-        alternative = (
-            f"pin TensorFlow {_range_text(fits)} for Python {_series(py_text)}"
-            if fits
-            else f"no TensorFlow in the matrix supports Python {_series(py_text)}"
-        )
-        problem(
-            "python",
-            f"TensorFlow {tf_series} supports Python {_spec_text(tf_row['python'])}; "
-            f"{python_path} on this host is {py_text}.",
-            f"Point the stack's python at a Python {_spec_text(tf_row['python'])} interpreter, or {alternative}.",
-        )
 
-    # CUDA: the toolkit TensorFlow was built with, unless the user chose a compatible one.
-    built_cuda = tf_row["cuda"]
-    cuda_pin = str(pin.get("cuda") or built_cuda)
-    if cuda_pin.split(".")[0] != built_cuda.split(".")[0]:
-        problem(
-            "cuda",
-            f"TensorFlow {tf_series} was built with CUDA {built_cuda}; CUDA {cuda_pin} is another "
-            "major release, whose runtime library TensorFlow does not load.",
-            f"Pin CUDA {built_cuda} for TensorFlow {tf_series}, or leave cuda out to take it from the matrix.",
-        )
-    elif _series(cuda_pin) != built_cuda:
-        warnings.append(
-            {
-                "stack": name,
-                "check": "cuda",
-                "cause": f"TensorFlow {tf_series} was tested with CUDA {built_cuda}, not {_series(cuda_pin)}.",
-                "fix": f"Pin CUDA {built_cuda} unless you have tested {_series(cuda_pin)}.",
-            }
-        )
-    cuda = None
-    picked = _pick_artifact(manifest, "cuda_toolkit", cuda_pin)
-    if picked is None:
-        problem(
-            "cuda",
-            f"No CUDA {cuda_pin} runfile is in the artifact manifest.",
-            f"Add its cuda_{cuda_pin}*_linux.run entry with a sha256 to an artifact manifest "
-            "(gpu_preflight_manifest_overlays), or pin a CUDA release the manifest has.",
-        )
-    else:
-        runfile, entry = picked
-        cuda_version = str(entry["version"])
-        min_driver = cuda_min_driver(matrix, cuda_version)
-        if min_driver is None:
-            problem(
-                "cuda",
-                f"CUDA {cuda_version} has no minimum-driver row in the version matrix.",
-                "Add it to data/version_matrix.yml from NVIDIA's CUDA release notes.",
+def _check_side_by_side(stacks: list[dict]) -> list[Problem]:
+    """One toolkit tree per CUDA X.Y, one cuDNN per tree, one stack per venv."""
+    problems = []
+    by_root: dict[str, dict] = {}
+    by_venv: dict[str, str] = {}
+    for stack in stacks:
+        if stack["cuda_toolkit"]:
+            problems += _check_shared_tree(stack, by_root.setdefault(stack["cuda_toolkit"]["root"], stack))
+        venv = stack["venv"]
+        if venv in by_venv:
+            problems.append(
+                _problem(stack["name"], "shared_venv", first=by_venv[venv], second=stack["name"], venv=venv)
             )
-        cuda = {
-            "version": cuda_version,
-            "series": _series(cuda_version),
-            "root": CUDA_ROOT_PREFIX + _series(cuda_version),
-            "nvcc_version": entry.get("nvcc_version"),
-            "min_driver": matrix["cuda"][cuda_version]["min_driver"] if min_driver else None,
-            "runfile": _artifact_record(runfile, entry),
-        }
-
-    # cuDNN: TensorFlow accepts the same major and an equal or higher minor than it was built with.
-    built_cudnn = tf_row["cudnn"]
-    cudnn_pin = str(pin.get("cudnn") or built_cudnn)
-    b_major, b_minor = (int(x) for x in built_cudnn.split("."))
-    try:
-        p_parts = [int(x) for x in cudnn_pin.split(".")]
-    except ValueError:
-        p_parts = []
-    if len(p_parts) < 2:
-        problem(
-            "cudnn",
-            f"cuDNN pin {cudnn_pin!r} is not a version like 8.6 or 8.6.0.163.",
-            f"Pin cuDNN {built_cudnn} for TensorFlow {tf_series}.",
-        )
-    elif p_parts[0] != b_major or p_parts[1] < b_minor:
-        problem(
-            "cudnn",
-            f"TensorFlow {tf_series} was built with cuDNN {built_cudnn}; it refuses cuDNN "
-            f"{_series(cudnn_pin)} (it needs the same major and an equal or higher minor).",
-            f"Pin cuDNN {built_cudnn} for TensorFlow {tf_series}.",
-        )
-    cudnn = None
-    cuda_major = int(cuda_pin.split(".")[0])
-    picked = _pick_artifact(manifest, "cudnn", cudnn_pin, cuda_major=cuda_major)
-    if picked is None:
-        problem(
-            "cudnn",
-            f"No cuDNN {cudnn_pin} archive for CUDA {cuda_major} is in the artifact manifest.",
-            f"Add its cudnn-linux-x86_64-{cudnn_pin}*_cuda{cuda_major}-archive.tar.xz entry with a sha256 "
-            "to an artifact manifest (gpu_preflight_manifest_overlays).",
-        )
-    else:
-        archive, entry = picked
-        version = str(entry["version"])
-        cudnn = {
-            "version": version,
-            "short": _series(version, 3),
-            "series": _series(version),
-            "major": int(version.split(".")[0]),
-            "archive": _artifact_record(archive, entry),
-        }
-
-    # Driver: the runtime must not be newer than the driver.
-    driver_text = str(host.get("driver_version") or "")
-    if cuda and cuda["min_driver"] and driver_text:
-        driver = _v(driver_text)
-        if driver < _v(cuda["min_driver"]):
-            older = [s for s in tensorflow_series_for_driver(matrix, driver) if _v(s) < _v(tf_series)]
-            alternative = f" or pin TensorFlow {_range_text(older)}" if older else ""
-            problem(
-                "driver",
-                f"CUDA {cuda['version']} needs driver >= {cuda['min_driver']}; the pinned driver is {driver_text}.",
-                f"Raise nvidia_driver_version to >= {cuda['min_driver']}{alternative}.",
-            )
-
-    # GPUs: the wheel must carry code for the oldest GPU on the host.
-    floor = _v(tf_row["min_compute_capability"])
-    for gpu in host.get("gpus") or []:
-        cap = gpu.get("compute_capability")
-        if cap and _v(cap) < floor:
-            problem(
-                "compute_capability",
-                f"GPU {gpu.get('index')} ({gpu.get('name')}) has compute capability {cap}; the "
-                f"TensorFlow {tf_series} wheel needs >= {tf_row['min_compute_capability']}.",
-                "Pin an older TensorFlow that still ships code for it, or use newer GPUs.",
-            )
-
-    for part, rec in (("cuda", cuda and cuda["runfile"]), ("cudnn", cudnn and cudnn["archive"])):
-        if rec and not rec["sha256"]:
-            problem(
-                part,
-                f"{rec['file']} has no sha256 in the artifact manifest.",
-                "Add the sha256 of the file you downloaded to an overlay manifest "
-                "(gpu_preflight_manifest_overlays); unpinned files are never installed.",
-            )
-
-    series_dir = tf_series
-    stack = {
-        "name": name,
-        "tensorflow": {
-            "version": tf_version,
-            "series": tf_series,
-            "package": pin.get("package") or "",
-            "built_cuda": built_cuda,
-            "built_cudnn": built_cudnn,
-        },
-        "python": {"path": python_path, "version": py_text},
-        "cuda_toolkit": cuda,
-        "cudnn": cudnn,
-        "venv": pin.get("venv") or f"{DEFAULT_VENV_ROOT}/{series_dir}",
-    }
-    return {"ok": not problems, "stack": stack, "problems": problems, "warnings": warnings}
+        by_venv.setdefault(venv, stack["name"])
+    return problems
 
 
 def resolve_stacks(pins: list[dict], matrix: dict, manifest: dict, host: dict, default: str = "") -> dict:
@@ -344,136 +609,17 @@ def resolve_stacks(pins: list[dict], matrix: dict, manifest: dict, host: dict, d
         messages: ['<stack>: <cause> <fix>', ...]}``; ``stacks`` holds only resolved stacks, each
         with ``default: bool``.
     """
-    problems: list[Problem] = []
-    warnings: list[Problem] = []
-    stacks: list[dict] = []
-    if not pins:
-        problems.append(
-            {
-                "stack": "-",
-                "check": "stacks",
-                "cause": "No stack is pinned.",
-                "fix": "Set gpu_preflight_stacks in the inventory (see inventories/gpu_hosts).",
-            }
-        )
-    for index, pin in enumerate(pins):
-        label = str(pin.get("name") or f"stack #{index + 1}")
-        unknown = sorted(set(pin) - set(PIN_KEYS))
-        if unknown:
-            problems.append(
-                {
-                    "stack": label,
-                    "check": "stacks",
-                    "cause": f"Unknown key {', '.join(map(repr, unknown))} in gpu_preflight_stacks.",
-                    "fix": f"Use only {', '.join(PIN_KEYS)} (check the spelling).",
-                }
-            )
-        for key in ("name", "tensorflow"):
-            if not pin.get(key):
-                problems.append(
-                    {
-                        "stack": label,
-                        "check": "stacks",
-                        "cause": f"The stack has no {key!r}.",
-                        "fix": f"Give every item of gpu_preflight_stacks a {key!r}.",
-                    }
-                )
+    problems = _check_pins(pins)
     pins = [p for p in pins if p.get("name") and p.get("tensorflow")]
     names = [p.get("name") for p in pins]
-    for dup in sorted({n for n in names if names.count(n) > 1}):
-        problems.append(
-            {
-                "stack": dup,
-                "check": "stacks",
-                "cause": f"Stack name {dup!r} is used twice.",
-                "fix": "Give every stack in gpu_preflight_stacks its own name.",
-            }
-        )
+    problems += _check_duplicate_names(names)
     default = default or (names[0] if names else "")
-    if pins and default not in names:
-        problems.append(
-            {
-                "stack": default,
-                "check": "stacks",
-                "cause": f"The default stack {default!r} is not one of {names}.",
-                "fix": "Set gpu_preflight_default_stack to one of the stack names.",
-            }
-        )
-    driver = None
-    driver_text = str(host.get("driver_version") or "")
-    if host.get("driver_install") and driver_text:
-        picked = _pick_artifact(manifest, "nvidia_driver", driver_text)
-        if picked is None or str(picked[1]["version"]) != driver_text:
-            problems.append(
-                {
-                    "stack": "-",
-                    "check": "driver",
-                    "cause": f"No NVIDIA-Linux-x86_64-{driver_text}.run is in the artifact manifest.",
-                    "fix": "Add its entry with a sha256 to an artifact manifest "
-                    "(gpu_preflight_manifest_overlays), or pin a driver the manifest has.",
-                }
-            )
-        else:
-            driver = {"version": driver_text, "runfile": _artifact_record(*picked)}
-            if not picked[1].get("sha256"):
-                problems.append(
-                    {
-                        "stack": "-",
-                        "check": "driver",
-                        "cause": f"{picked[0]} has no sha256 in the artifact manifest.",
-                        "fix": "Add the sha256 of the file you downloaded to an overlay manifest "
-                        "(gpu_preflight_manifest_overlays); unpinned files are never installed.",
-                    }
-                )
-    python_versions = host.get("python_versions") or {}
-    for pin in pins:
-        one_host = dict(host, python_version=python_versions.get(pin.get("python") or DEFAULT_PYTHON, ""))
-        result = resolve_stack(pin, matrix, manifest, one_host)
-        problems += result["problems"]
-        warnings += result["warnings"]
-        if result["stack"]:
-            stacks.append(dict(result["stack"], default=result["stack"]["name"] == default))
-
-    # Side by side: one toolkit tree per CUDA X.Y, one cuDNN per tree, one stack per venv.
-    by_root: dict[str, dict] = {}
-    by_venv: dict[str, str] = {}
-    for stack in stacks:
-        cuda, cudnn = stack["cuda_toolkit"], stack["cudnn"]
-        if cuda:
-            other = by_root.setdefault(cuda["root"], stack)
-            o_cuda, o_cudnn = other["cuda_toolkit"], other["cudnn"]
-            if other is not stack and o_cuda["version"] != cuda["version"]:
-                problems.append(
-                    {
-                        "stack": stack["name"],
-                        "check": "cuda",
-                        "cause": f"Stacks {other['name']} and {stack['name']} want CUDA "
-                        f"{o_cuda['version']} and {cuda['version']} in the same {cuda['root']}.",
-                        "fix": "Pin the same CUDA release in both stacks.",
-                    }
-                )
-            if other is not stack and cudnn and o_cudnn and o_cudnn["version"] != cudnn["version"]:
-                problems.append(
-                    {
-                        "stack": stack["name"],
-                        "check": "cudnn",
-                        "cause": f"Stacks {other['name']} and {stack['name']} want cuDNN "
-                        f"{o_cudnn['version']} and {cudnn['version']} in the same {cuda['root']}.",
-                        "fix": "Pin the same cuDNN release for stacks that share a CUDA version.",
-                    }
-                )
-        if stack["venv"] in by_venv:
-            problems.append(
-                {
-                    "stack": stack["name"],
-                    "check": "venv",
-                    "cause": f"Stacks {by_venv[stack['venv']]} and {stack['name']} share the "
-                    f"virtual environment {stack['venv']}.",
-                    "fix": "Give each stack its own venv path.",
-                }
-            )
-        by_venv.setdefault(stack["venv"], stack["name"])
-    messages = [f"{p['stack'] + ': ' if p['stack'] != '-' else ''}{p['cause']} {p['fix']}".strip() for p in problems]
+    problems += _check_default(default, names)
+    driver, found = _pick_driver(manifest, host)
+    problems += found
+    stacks, found, warnings = _resolve_each(pins, matrix, manifest, host, default)
+    problems += found
+    problems += _check_side_by_side(stacks)
     return {
         "ok": not problems,
         "stacks": stacks,
@@ -481,13 +627,14 @@ def resolve_stacks(pins: list[dict], matrix: dict, manifest: dict, host: dict, d
         "driver": driver,
         "problems": problems,
         "warnings": warnings,
-        "messages": messages,
+        "messages": [_message(p) for p in problems],
     }
 
 
 def cudnn_header_version(text: str) -> str:
     """Version 'X.Y.Z' from the text of ``cudnn_version.h`` (``CUDNN_MAJOR``, ``CUDNN_MINOR``,
-    ``CUDNN_PATCHLEVEL`` macros, cuDNN 8 and 9; reference 5.2), or '' when they are missing."""
+    ``CUDNN_PATCHLEVEL`` macros, cuDNN 8 and 9; TensorFlow's ``third_party/gpus/find_cuda_config.py``
+    reads the same three), or '' when they are missing."""
     found = dict(re.findall(r"^\s*#\s*define\s+CUDNN_(MAJOR|MINOR|PATCHLEVEL)\s+(\d+)", text or "", re.M))
     if len(found) != 3:
         return ""

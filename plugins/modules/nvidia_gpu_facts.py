@@ -275,9 +275,8 @@ import os  # noqa: E402  (imports follow the documentation blocks, as ansible-te
 from typing import TYPE_CHECKING, Any  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
-from ansible.module_utils.nvidia_smi import (  # noqa: E402
+from ansible_collections.gpu_fleet.tf_hosts.plugins.module_utils.gpu_parsers import (  # noqa: E402
     QUERY_FIELDS,
-    normalize_bus_id,
     nvlink_pairs,
     nvswitch_in_topology,
     parse_lspci,
@@ -371,6 +370,45 @@ def query_lspci(run: Runner, lspci: str, errors: list[str]) -> tuple[list[dict[s
     return _parse(command, stdout, parse_lspci), _parse(command, stdout, parse_lspci_nvswitches)
 
 
+def _smi_facts(
+    run: Runner, find: Finder, nvidia_smi: str, errors: list[str]
+) -> tuple[list[dict[str, Any]] | None, int | None, dict[str, dict[str, str]]]:
+    """GPUs (None when nvidia-smi is missing or failed), its exit status and the ``topo -m`` matrix."""
+    smi_path = find(nvidia_smi)
+    if smi_path is None:
+        errors.append(
+            f"{nvidia_smi} was not found (not on PATH nor an executable file): the NVIDIA driver is not installed, "
+            "or set nvidia_smi_path to where it is."
+        )
+        return None, None, {}
+    gpus, smi_rc = query_nvidia_smi(run, smi_path, errors)
+    return gpus, smi_rc, query_topology(run, smi_path, errors) if gpus else {}
+
+
+def _lspci_facts(
+    run: Runner, find: Finder, lspci: str, errors: list[str]
+) -> tuple[list[dict[str, str]] | None, list[str]]:
+    """NVIDIA GPUs on the PCI bus (None when lspci is missing or failed) and NVSwitch bus IDs."""
+    lspci_path = find(lspci)
+    if lspci_path is None:
+        errors.append(
+            f"{lspci} was not found: install pciutils to list GPUs without the driver, or set lspci_path to where it is."
+        )
+        return None, []
+    return query_lspci(run, lspci_path, errors)
+
+
+def _source_and_models(
+    gpus: list[dict[str, Any]] | None, pci_gpus: list[dict[str, str]] | None
+) -> tuple[str, list[str]]:
+    """Which tool listed the GPUs ("nvidia-smi", "lspci" or "none") and the sorted model names it gave."""
+    if gpus is not None:
+        return "nvidia-smi", sorted({gpu["name"] for gpu in gpus})
+    if pci_gpus is not None:
+        return "lspci", sorted({gpu["description"] for gpu in pci_gpus})
+    return "none", []
+
+
 def gather_gpu_facts(
     run: Runner,
     find: Finder,
@@ -386,45 +424,15 @@ def gather_gpu_facts(
         OutputFormatError: a tool succeeded but its output could not be parsed.
     """
     errors: list[str] = []
-    gpus: list[dict[str, Any]] | None = None
-    smi_rc: int | None = None
-    topology: dict[str, dict[str, str]] = {}
-
-    smi_path = find(nvidia_smi)
-    if smi_path is None:
-        errors.append(
-            f"{nvidia_smi} was not found (not on PATH nor an executable file): the NVIDIA driver is not installed, "
-            "or set nvidia_smi_path to where it is."
-        )
-    else:
-        gpus, smi_rc = query_nvidia_smi(run, smi_path, errors)
-        if gpus:
-            topology = query_topology(run, smi_path, errors)
-
-    lspci_path = find(lspci)
-    pci_gpus: list[dict[str, str]] | None = None
-    nvswitches: list[str] = []
-    if lspci_path is None:
-        errors.append(
-            f"{lspci} was not found: install pciutils to list GPUs without the driver, or set lspci_path to where it is."
-        )
-    else:
-        pci_gpus, nvswitches = query_lspci(run, lspci_path, errors)
+    gpus, smi_rc, topology = _smi_facts(run, find, nvidia_smi, errors)
+    pci_gpus, nvswitches = _lspci_facts(run, find, lspci, errors)
 
     missing: list[str] = []
     if gpus is not None and pci_gpus is not None:
-        seen = {normalize_bus_id(gpu["pci_bus_id"]) for gpu in gpus}
+        # Both parsers give bus IDs in one form (gpu_parsers.normalize_bus_id), so they compare as text.
+        seen = {gpu["pci_bus_id"] for gpu in gpus}
         missing = [gpu["pci_bus_id"] for gpu in pci_gpus if gpu["pci_bus_id"] not in seen]
-
-    if gpus is not None:
-        source = "nvidia-smi"
-        models = sorted({gpu["name"] for gpu in gpus})
-    elif pci_gpus is not None:
-        source = "lspci"
-        models = sorted({gpu["description"] for gpu in pci_gpus})
-    else:
-        source = "none"
-        models = []
+    source, models = _source_and_models(gpus, pci_gpus)
 
     driver_version = next((gpu["driver_version"] for gpu in gpus or [] if gpu["driver_version"]), None)
     if driver_version is None and proc_driver_version is not None:

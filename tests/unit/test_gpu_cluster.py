@@ -21,9 +21,11 @@ import gpu_report
 def hostvars(ports: dict | None = None, ready: dict | None = None, **addresses: str) -> dict:
     return {
         host: {
-            "__gpu_verify_mw_address": address,
-            "__gpu_verify_mw_port": (ports or {}).get(host, 2222),
-            "__gpu_verify_mw_ready": (ready or {}).get(host, True),
+            "gpu_verify_multiworker_worker": {
+                "address": address,
+                "port": (ports or {}).get(host, 2222),
+                "ready": (ready or {}).get(host, True),
+            }
         }
         for host, address in addresses.items()
     }

@@ -275,6 +275,22 @@ def test_compute_apps_parses_nvidia_smi_rows():
     ]
 
 
+def test_compute_apps_is_the_shared_parser_on_stdout_lines():
+    from ansible_collections.gpu_fleet.tf_hosts.plugins.module_utils.gpu_parsers import parse_compute_apps
+
+    lines = ["4343, /usr/bin/ollama, GPU-fd26179c-de1f-3f6f-f298-383b36269b35, [N/A]", "4242, python3"]
+    expected = [
+        {
+            "pid": 4343,
+            "process_name": "/usr/bin/ollama",
+            "gpu_uuid": "GPU-fd26179c-de1f-3f6f-f298-383b36269b35",
+            "used_memory_mib": None,
+        }
+    ]
+    assert gpu_host.compute_apps(lines) == parse_compute_apps("\n".join(lines)) == expected
+    assert gpu_host.compute_apps([]) == []
+
+
 def test_findmnt_mounts_keeps_tmpfs_and_overlay():
     data = {
         "filesystems": [
@@ -324,3 +340,108 @@ def test_noexec_fix_names_the_variable():
     assert result["problems"][0]["fix"] == (
         "Point cuda_toolkit_tmpdir (CUDA installer scratch) at a file system mounted with exec."
     )
+
+
+def test_every_check_fires_in_order_with_its_exact_messages():
+    result = gpu_host.check_host(
+        facts(
+            os={"distribution": "Rocky", "major_version": "9"},
+            mounts=MOUNTS,
+            proc_modules="nouveau 1 0 - Live 0x0\n",
+            secure_boot="SecureBoot enabled\n",
+            kernel_headers=False,
+            installers=["4711 sh cuda.run"],
+            compute_apps=[{"pid": 4242, "process_name": "python3"}],
+            driver_change=True,
+        ),
+        {"skip_checks": ["nvlnk", "zzz"]},
+    )
+    names = "os, disk, noexec, nouveau, secure_boot, kernel_headers, gpus_busy, installer_running, mixed_models, pcie_width, nvlink"
+    skip_fix = f'Use the names {names}, as a list: -e \'{{"gpu_preflight_skip_checks": ["disk"]}}\'.'
+    assert result["problems"][3:] == [
+        {
+            "check": "nouveau",
+            "cause": "The nouveau driver is loaded; the NVIDIA kernel module cannot load beside it.",
+            "fix": "Let the run blacklist it (nvidia_driver_blacklist_nouveau: true) and reboot, then rerun.",
+        },
+        {
+            "check": "secure_boot",
+            "cause": "Secure Boot is on and no module signing key is configured; the kernel will refuse the unsigned "
+            "NVIDIA module.",
+            "fix": "Enrol a Machine Owner Key and configure it for DKMS signing, or turn Secure Boot off.",
+        },
+        {
+            "check": "kernel_headers",
+            "cause": "No kernel headers for the running kernel 6.1.0-27-amd64 (/lib/modules/<kernel>/build), and none "
+            "can be installed.",
+            "fix": "Install linux-headers-6.1.0-27-amd64 or boot a kernel whose headers are available.",
+        },
+        {
+            "check": "installer_running",
+            "cause": "An install from an earlier run is still running on the host: 4711 sh cuda.run.",
+            "fix": "Wait for it to finish (or stop it), then rerun; the rerun skips what it completed.",
+        },
+        {
+            "check": "gpus_busy",
+            "cause": "The driver would change while GPUs run compute processes: python3 (pid 4242).",
+            "fix": "Drain the host (stop those jobs) and rerun.",
+        },
+        {
+            "check": "skip_checks",
+            "cause": "gpu_preflight_skip_checks names an unknown check 'nvlnk' (did you mean 'nvlink'?).",
+            "fix": skip_fix,
+        },
+        {"check": "skip_checks", "cause": "gpu_preflight_skip_checks names an unknown check 'zzz'.", "fix": skip_fix},
+    ]
+    assert checks(result)[:3] == ["os", "disk", "noexec"]
+    assert result["warnings"] == [] and result["overridden"] == []
+
+
+def test_hardware_advice_exact_messages():
+    cards = [dict(RTX, index=i, pcie_link_width_current=16) for i in range(3)]
+    cards[2].update(pcie_link_width_max=8, pcie_link_width_current=4)
+    models = ["NVIDIA GeForce RTX 3090", "NVIDIA GeForce RTX 3080", "NVIDIA GeForce RTX 3090"]
+    result = gpu_host.check_host(facts(gpus={"count": 3, "gpus": cards, "models": models, "nvlink_pairs": []}))
+    assert result == {
+        "ok": True,
+        "problems": [],
+        "warnings": [
+            {
+                "check": "mixed_models",
+                "cause": "Mixed GPU models: NVIDIA GeForce RTX 3090, NVIDIA GeForce RTX 3080, NVIDIA GeForce RTX 3090; "
+                "MirroredStrategy runs at the pace of the slowest.",
+                "fix": "Group hosts by GPU model or accept the slower replicas.",
+            },
+            {
+                "check": "pcie_width",
+                "cause": "PCIe links below x16 on a multi-GPU host: GPU 2 at x4; all-reduce traffic is limited by the "
+                "narrowest link.",
+                "fix": "Move the cards to x16 slots or check the riser/BIOS lane settings.",
+            },
+            {
+                "check": "nvlink",
+                "cause": "3 GPUs without NVLink: gradients cross PCIe, scaling beyond 2 GPUs is usually poor.",
+                "fix": "Expect lower scaling efficiency, or use NVLink-connected GPUs.",
+            },
+        ],
+        "overridden": [],
+    }
+
+
+def test_check_table_messages_and_names_agree():
+    assert [name for name, _check, _scope in gpu_host.CHECKS] == [
+        "os",
+        "disk",
+        "noexec",
+        "nouveau",
+        "secure_boot",
+        "kernel_headers",
+        "installer_running",
+        "gpus_busy",
+        "mixed_models",
+        "pcie_width",
+        "nvlink",
+    ]
+    assert {name for name, _check, _scope in gpu_host.CHECKS} == set(gpu_host.HOST_CHECKS)
+    assert set(gpu_host.MESSAGES) == set(gpu_host.HOST_CHECKS) | {"skip_checks"}
+    assert {scope for _name, _check, scope in gpu_host.CHECKS} == {"host", "kernel", "hardware"}

@@ -30,7 +30,7 @@ def test_result_without_json_names_rc_and_stderr():
 def test_collect_lists_every_host_with_stacks_and_overrides():
     hostvars = {
         "a": {
-            "__gpu_verify_results": {"tf2.12": {"ok": True}, "tf2.15": {"ok": False}},
+            "gpu_verify_results": {"tf2.12": {"ok": True}, "tf2.15": {"ok": False}},
             "gpu_preflight_overridden": [{"check": "noexec", "cause": "c", "fix": "f"}],
         },
         "b": {},

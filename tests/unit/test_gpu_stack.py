@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import copy
 import sys
 from pathlib import Path
@@ -50,12 +51,16 @@ CUDA_123 = {
 DRIVER_535 = {"NVIDIA-Linux-x86_64-535.104.05.run": {"component": "nvidia_driver", "version": "535.104.05"}}
 
 
+DEFAULT_PYTHON = "/usr/bin/python3"  # gpu_preflight_python's default
+
+
 def resolve(pins, python="3.11.2", driver="520.61.05", manifest=None, default="", driver_install=True, **host):
     manifest = manifest if manifest is not None else _manifest()
     pins = pins if isinstance(pins, list) else [pins]
     host = dict(
         {
-            "python_versions": {p.get("python", "/usr/bin/python3"): python for p in pins},
+            "python_versions": {p.get("python", DEFAULT_PYTHON): python for p in pins},
+            "default_python": DEFAULT_PYTHON,
             "driver_version": driver,
             "driver_install": driver_install,
         },
@@ -411,6 +416,32 @@ def test_two_stacks_side_by_side_and_default():
     ]
 
 
+def test_two_stacks_want_different_cuda_in_one_toolkit():
+    result = resolve(
+        [{"name": "a", "tensorflow": "2.15", "cuda": "12.2.0"}, {"name": "b", "tensorflow": "2.15", "venv": "/x"}],
+        driver="535.104.05",
+        manifest=_manifest(
+            **CUDNN_89,
+            **DRIVER_535,
+            **{"cuda_12.2.0_535.54.03_linux.run": {"component": "cuda_toolkit", "version": "12.2.0"}},
+        ),
+    )
+    assert result["messages"] == [
+        "b: Stacks a and b want CUDA 12.2.0 and 12.2.2 in the same /usr/local/cuda-12.2. "
+        "Pin the same CUDA release in both stacks."
+    ]
+
+
+def test_cuda_release_without_min_driver_row():
+    manifest = _manifest(**{"cuda_11.8.1_x_linux.run": {"component": "cuda_toolkit", "version": "11.8.1"}})
+    result = resolve({"name": "a", "tensorflow": "2.12", "cuda": "11.8.1"}, manifest=manifest)
+    assert result["messages"] == [
+        "a: CUDA 11.8.1 has no minimum-driver row in the version matrix. "
+        "Add it to data/version_matrix.yml from NVIDIA's CUDA release notes."
+    ]
+    assert result["stacks"][0]["cuda_toolkit"]["min_driver"] is None
+
+
 # --- helpers ------------------------------------------------------------------------------------
 
 
@@ -462,3 +493,70 @@ def test_stack_without_tensorflow_is_named():
         "x: The stack has no 'tensorflow'. Give every item of gpu_preflight_stacks a 'tensorflow'."
         in result["messages"]
     )
+
+
+def test_problem_records_come_from_the_message_table():
+    assert gpu_stack._problem("a", "missing_key", key="name") == {
+        "stack": "a",
+        "check": "stacks",
+        "cause": "The stack has no 'name'.",
+        "fix": "Give every item of gpu_preflight_stacks a 'name'.",
+    }
+    shared = gpu_stack._problem("-", "sha256_missing", check="driver", file="f.run")
+    assert (shared["check"], shared["cause"]) == ("driver", "f.run has no sha256 in the artifact manifest.")
+
+
+def test_problem_with_a_missing_field_raises():
+    with pytest.raises(KeyError):
+        gpu_stack._problem("a", "missing_key")
+
+
+def test_every_message_in_the_table_is_used():
+    source = Path(gpu_stack.__file__).read_text()
+    unused = [key for key in gpu_stack.MESSAGES if source.count(f'"{key}"') < 2]
+    assert unused == []
+
+
+def test_every_message_but_the_shared_one_names_its_check():
+    assert [k for k, m in gpu_stack.MESSAGES.items() if not m.check] == ["sha256_missing"]
+
+
+@pytest.mark.parametrize(
+    ("problem", "line"),
+    [
+        ({"stack": "-", "cause": "No stack is pinned.", "fix": "Set it."}, "No stack is pinned. Set it."),
+        ({"stack": "a", "cause": "TensorFlow 2.16.1: note", "fix": ""}, "a: TensorFlow 2.16.1: note"),
+    ],
+)
+def test_message_line(problem, line):
+    assert gpu_stack._message(problem) == line
+
+
+@pytest.mark.parametrize(
+    ("built", "pinned", "accepted"),
+    [
+        ("8.6", [8, 6], True),
+        ("8.6", [8, 6, 0, 163], True),
+        ("8.6", [8, 9, 7, 29], True),
+        ("8.9", [8, 6], False),
+        ("8.9", [9, 3], False),
+        ("9.3", [8, 9], False),
+    ],
+)
+def test_cudnn_accepts_same_major_and_equal_or_higher_minor(built, pinned, accepted):
+    assert gpu_stack.cudnn_accepts(built, pinned) is accepted
+
+
+@pytest.mark.parametrize(("text", "parts"), [("8.6.0.163", [8, 6, 0, 163]), ("8", [8]), ("eight", []), ("8.x", [])])
+def test_int_parts(text, parts):
+    assert gpu_stack._int_parts(text) == parts
+
+
+def test_no_function_longer_than_60_lines():
+    tree = ast.parse(Path(gpu_stack.__file__).read_text())
+    lengths = {
+        node.name: node.end_lineno - node.lineno + 1
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+    }
+    assert {name: n for name, n in lengths.items() if n > 60} == {}

@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_ansible_doc_renders_nvidia_gpu_facts():
     env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_HOME=str(ROOT / ".ansible"))
     out = subprocess.run(
-        [str(Path(sys.executable).with_name("ansible-doc")), "-t", "module", "nvidia_gpu_facts"],
+        [str(Path(sys.executable).with_name("ansible-doc")), "-t", "module", "gpu_fleet.tf_hosts.nvidia_gpu_facts"],
         capture_output=True,
         text=True,
         env=env,

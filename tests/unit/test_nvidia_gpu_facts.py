@@ -2,41 +2,23 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from collections.abc import Sequence
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
-import ansible.module_utils
 import pytest
 from ansible.module_utils.testing import patch_module_args
+
+# tests/conftest.py puts ROOT/collections on sys.path: the module and its module_utils are imported by
+# their collection path, as Ansible's module finder resolves them.
+from ansible_collections.gpu_fleet.tf_hosts.plugins.module_utils import gpu_parsers
+from ansible_collections.gpu_fleet.tf_hosts.plugins.modules import nvidia_gpu_facts as facts_module
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "nvidia_smi"
 
-# ansible.cfg's module_utils = ./module_utils, the way the test process sees it.
-if str(ROOT / "module_utils") not in ansible.module_utils.__path__:
-    ansible.module_utils.__path__.append(str(ROOT / "module_utils"))
-
-from ansible.module_utils import nvidia_smi
-
-
-def load_module() -> ModuleType:
-    """Import library/nvidia_gpu_facts.py by path (it is not a package)."""
-    spec = importlib.util.spec_from_file_location("nvidia_gpu_facts", ROOT / "library" / "nvidia_gpu_facts.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["nvidia_gpu_facts"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-facts_module = load_module()
-
-QUERY_ARG = "--query-gpu=" + ",".join(nvidia_smi.QUERY_FIELDS)
+QUERY_ARG = "--query-gpu=" + ",".join(gpu_parsers.QUERY_FIELDS)
 DRIVER_NOT_LOADED = 9
 NO_DEVICES = 6
 
@@ -110,20 +92,20 @@ def host_for(case: str, tools: dict[str, str | None] | None = None) -> FakeHost:
     ],
 )
 def test_normalize_bus_id(raw: str, expected: str) -> None:
-    assert nvidia_smi.normalize_bus_id(raw) == expected
+    assert gpu_parsers.normalize_bus_id(raw) == expected
 
 
 @pytest.mark.parametrize("raw", ["", "GPU0", "17:00", "0000:17:00.8", "zz:00.0"])
 def test_normalize_bus_id_rejects(raw: str) -> None:
     with pytest.raises(ValueError, match="not a PCI bus id"):
-        nvidia_smi.normalize_bus_id(raw)
+        gpu_parsers.normalize_bus_id(raw)
 
 
 # --- parse_query_gpu --------------------------------------------------------------------------------
 
 
 def test_query_two_a100_fields_and_units() -> None:
-    gpus = nvidia_smi.parse_query_gpu(fixture("a100x2-nvlink", "query-gpu.csv"))
+    gpus = gpu_parsers.parse_query_gpu(fixture("a100x2-nvlink", "query-gpu.csv"))
     assert len(gpus) == 2
     assert gpus[0] == {
         "index": 0,
@@ -143,7 +125,7 @@ def test_query_two_a100_fields_and_units() -> None:
 
 
 def test_query_eight_h100() -> None:
-    gpus = nvidia_smi.parse_query_gpu(fixture("h100x8-nvswitch", "query-gpu.csv"))
+    gpus = gpu_parsers.parse_query_gpu(fixture("h100x8-nvswitch", "query-gpu.csv"))
     assert [gpu["index"] for gpu in gpus] == list(range(8))
     assert {gpu["name"] for gpu in gpus} == {"NVIDIA H100 80GB HBM3"}
     assert {gpu["compute_capability"] for gpu in gpus} == {"9.0"}
@@ -153,7 +135,7 @@ def test_query_eight_h100() -> None:
 
 
 def test_query_rtx3090_detects_x8_links() -> None:
-    gpus = nvidia_smi.parse_query_gpu(fixture("rtx3090x4-pcie-x8", "query-gpu.csv"))
+    gpus = gpu_parsers.parse_query_gpu(fixture("rtx3090x4-pcie-x8", "query-gpu.csv"))
     narrowed = [gpu["index"] for gpu in gpus if gpu["pcie_link_width_current"] < gpu["pcie_link_width_max"]]
     assert narrowed == [1, 3]
     assert gpus[1]["pcie_link_width_current"] == 8
@@ -165,7 +147,7 @@ def test_query_rtx3090_detects_x8_links() -> None:
 
 
 def test_query_mixed_models() -> None:
-    gpus = nvidia_smi.parse_query_gpu(fixture("mixed-a100-v100", "query-gpu.csv"))
+    gpus = gpu_parsers.parse_query_gpu(fixture("mixed-a100-v100", "query-gpu.csv"))
     assert {gpu["name"]: gpu["compute_capability"] for gpu in gpus} == {
         "NVIDIA A100-PCIE-40GB": "8.0",
         "Tesla V100-PCIE-32GB": "7.0",
@@ -175,7 +157,7 @@ def test_query_mixed_models() -> None:
 
 
 def test_query_bracketed_values_become_none() -> None:
-    first, second = nvidia_smi.parse_query_gpu(fixture("na-values", "query-gpu.csv"))
+    first, second = gpu_parsers.parse_query_gpu(fixture("na-values", "query-gpu.csv"))
     assert first["pcie_link_gen_current"] is None
     assert first["pcie_link_width_max"] is None
     assert first["persistence_mode"] is None
@@ -188,66 +170,139 @@ def test_query_bracketed_values_become_none() -> None:
 
 
 def test_query_no_devices_is_empty() -> None:
-    assert nvidia_smi.parse_query_gpu(fixture("no-devices", "nvidia-smi.txt")) == []
-    assert nvidia_smi.parse_query_gpu("") == []
+    assert gpu_parsers.parse_query_gpu(fixture("no-devices", "nvidia-smi.txt")) == []
+    assert gpu_parsers.parse_query_gpu("") == []
 
 
 def test_query_wrong_field_count_names_the_line() -> None:
     with pytest.raises(ValueError, match=r"line 1 .* has 3 fields, expected 12"):
-        nvidia_smi.parse_query_gpu("0, NVIDIA A100-SXM4-80GB, GPU-x\n")
+        gpu_parsers.parse_query_gpu("0, NVIDIA A100-SXM4-80GB, GPU-x\n")
 
 
 def test_query_bad_number_names_the_field() -> None:
     line = fixture("a100x2-nvlink", "query-gpu.csv").splitlines()[0].replace("81920", "80 GiB")
     with pytest.raises(ValueError, match=r"memory.total is '80 GiB'"):
-        nvidia_smi.parse_query_gpu(line)
+        gpu_parsers.parse_query_gpu(line)
+
+
+def test_query_bad_bus_id_and_missing_index_are_errors() -> None:
+    line = fixture("a100x2-nvlink", "query-gpu.csv").splitlines()[0]
+    with pytest.raises(ValueError, match=r"line 1 .*pci.bus_id is 'GPU0', not a PCI address"):
+        gpu_parsers.parse_query_gpu(line.replace("00000000:07:00.0", "GPU0"))
+    with pytest.raises(ValueError, match=r"index is '\[N/A\]', not a whole number"):
+        gpu_parsers.parse_query_gpu("[N/A]" + line[1:])
+
+
+def test_query_with_a_shorter_field_list() -> None:
+    # gpu_count.py's query: the same parser, its own columns; keys and conversions are the module's.
+    fields = ("index", "name", "uuid", "pci.bus_id", "memory.total", "driver_version")
+    text = "0, NVIDIA H100 80GB HBM3, GPU-1, 00000000:18:00.0, [N/A], 550.54.15\n"
+    assert gpu_parsers.parse_query_gpu(text, fields) == [
+        {
+            "index": 0,
+            "name": "NVIDIA H100 80GB HBM3",
+            "uuid": "GPU-1",
+            "pci_bus_id": "0000:18:00.0",
+            "memory_total_mib": None,
+            "driver_version": "550.54.15",
+        }
+    ]
+    with pytest.raises(
+        ValueError, match=r"has 12 fields, expected 6 \(index,name,uuid,pci.bus_id,memory.total,driver_version\)"
+    ):
+        gpu_parsers.parse_query_gpu(fixture("a100x2-nvlink", "query-gpu.csv"), fields)
+
+
+def test_query_unknown_field_keeps_its_text() -> None:
+    assert gpu_parsers.parse_query_gpu("0, 1410, [N/A]\n", ("index", "clocks.max.sm", "serial")) == [
+        {"index": 0, "clocks_max_sm": "1410", "serial": None}
+    ]
+
+
+# --- parse_compute_apps, parse_samples -----------------------------------------------------------
+
+
+def test_compute_apps_records() -> None:
+    text = (
+        "4242, python3, GPU-89fdc1e1-18b2-f499-c12b-82bcb9bfb3fa, 30512\n"
+        "4343, /usr/bin/ollama, GPU-fd26179c-de1f-3f6f-f298-383b36269b35, [N/A]\n"
+    )
+    assert gpu_parsers.parse_compute_apps(text) == [
+        {
+            "pid": 4242,
+            "process_name": "python3",
+            "gpu_uuid": "GPU-89fdc1e1-18b2-f499-c12b-82bcb9bfb3fa",
+            "used_memory_mib": 30512,
+        },
+        {
+            "pid": 4343,
+            "process_name": "/usr/bin/ollama",
+            "gpu_uuid": "GPU-fd26179c-de1f-3f6f-f298-383b36269b35",
+            "used_memory_mib": None,
+        },
+    ]
+
+
+def test_compute_apps_skips_non_rows() -> None:
+    text = "pid, process_name, gpu_uuid, used_gpu_memory [MiB]\nNo running processes found\n\n4242, python3\n"
+    assert gpu_parsers.parse_compute_apps(text) == []
+    assert gpu_parsers.parse_compute_apps("") == []
+
+
+def test_samples_keep_the_peak_per_gpu_and_skip_bad_lines() -> None:
+    text = "0, 10, 100\n1, 5, 50\n0, 95, 70000\n1, [N/A], 60\n0, 40, 2\n1, 7"
+    assert gpu_parsers.parse_samples(text) == {
+        "0": {"utilization_gpu_peak_pct": 95, "memory_used_peak_mib": 70000, "samples": 3},
+        "1": {"utilization_gpu_peak_pct": 5, "memory_used_peak_mib": 50, "samples": 1},
+    }
+    assert gpu_parsers.parse_samples("") == {}
 
 
 # --- parse_topo_matrix, nvlink_pairs, nvswitch_in_topology ------------------------------------------
 
 
 def test_topo_two_a100_nvlink() -> None:
-    topology = nvidia_smi.parse_topo_matrix(fixture("a100x2-nvlink", "topo-m.txt"))
+    topology = gpu_parsers.parse_topo_matrix(fixture("a100x2-nvlink", "topo-m.txt"))
     assert topology == {"GPU0": {"GPU0": "X", "GPU1": "NV12"}, "GPU1": {"GPU0": "NV12", "GPU1": "X"}}
-    assert nvidia_smi.nvlink_pairs(topology) == [{"gpus": [0, 1], "links": 12}]
-    assert nvidia_smi.nvswitch_in_topology(topology) is False
+    assert gpu_parsers.nvlink_pairs(topology) == [{"gpus": [0, 1], "links": 12}]
+    assert gpu_parsers.nvswitch_in_topology(topology) is False
 
 
 def test_topo_h100_nvswitch_with_nics() -> None:
-    topology = nvidia_smi.parse_topo_matrix(fixture("h100x8-nvswitch", "topo-m.txt"))
+    topology = gpu_parsers.parse_topo_matrix(fixture("h100x8-nvswitch", "topo-m.txt"))
     assert sorted(topology) == [f"GPU{i}" for i in range(8)] + [f"NIC{i}" for i in range(4)]
     assert topology["GPU0"]["NIC0"] == "PIX"
     assert topology["NIC3"]["GPU7"] == "PIX"
     assert "CPU Affinity" not in topology["GPU0"]
-    pairs = nvidia_smi.nvlink_pairs(topology)
+    pairs = gpu_parsers.nvlink_pairs(topology)
     assert len(pairs) == 28  # 8 choose 2
     assert {pair["links"] for pair in pairs} == {18}
     assert pairs[0] == {"gpus": [0, 1], "links": 18}
-    assert nvidia_smi.nvswitch_in_topology(topology) is True
+    assert gpu_parsers.nvswitch_in_topology(topology) is True
 
 
 def test_topo_rtx3090_pcie_only_with_terminal_codes() -> None:
     text = fixture("rtx3090x4-pcie-x8", "topo-m.txt")
     assert "\x1b[4m" in text
-    topology = nvidia_smi.parse_topo_matrix(text)
+    topology = gpu_parsers.parse_topo_matrix(text)
     assert sorted(topology) == ["GPU0", "GPU1", "GPU2", "GPU3"]
     assert topology["GPU0"]["GPU1"] == "NODE"
     assert topology["GPU2"]["GPU3"] == "PHB"
     assert topology["GPU0"]["GPU3"] == "SYS"
-    assert nvidia_smi.nvlink_pairs(topology) == []
-    assert nvidia_smi.nvswitch_in_topology(topology) is False
+    assert gpu_parsers.nvlink_pairs(topology) == []
+    assert gpu_parsers.nvswitch_in_topology(topology) is False
 
 
 def test_topo_mixed_partial_nvlink() -> None:
-    topology = nvidia_smi.parse_topo_matrix(fixture("mixed-a100-v100", "topo-m.txt"))
-    assert nvidia_smi.nvlink_pairs(topology) == [{"gpus": [0, 1], "links": 12}]
-    assert nvidia_smi.nvswitch_in_topology(topology) is False
+    topology = gpu_parsers.parse_topo_matrix(fixture("mixed-a100-v100", "topo-m.txt"))
+    assert gpu_parsers.nvlink_pairs(topology) == [{"gpus": [0, 1], "links": 12}]
+    assert gpu_parsers.nvswitch_in_topology(topology) is False
 
 
 def test_topo_single_gpu() -> None:
-    topology = nvidia_smi.parse_topo_matrix(fixture("a100x2-one-missing", "topo-m.txt"))
+    topology = gpu_parsers.parse_topo_matrix(fixture("a100x2-one-missing", "topo-m.txt"))
     assert topology == {"GPU0": {"GPU0": "X"}}
-    assert nvidia_smi.nvlink_pairs(topology) == []
+    assert gpu_parsers.nvlink_pairs(topology) == []
 
 
 def test_topo_with_spaces_instead_of_tabs() -> None:
@@ -256,30 +311,30 @@ def test_topo_with_spaces_instead_of_tabs() -> None:
         "GPU0     X      NV12    0-31,64-95      0               N/A\n"
         "GPU1    NV12     X      32-63,96-127    1               N/A\n"
     )
-    assert nvidia_smi.nvlink_pairs(nvidia_smi.parse_topo_matrix(text)) == [{"gpus": [0, 1], "links": 12}]
+    assert gpu_parsers.nvlink_pairs(gpu_parsers.parse_topo_matrix(text)) == [{"gpus": [0, 1], "links": 12}]
 
 
 def test_topo_four_gpu_direct_mesh_is_not_nvswitch() -> None:
     # HGX A100 4-GPU (Redstone): NV4 between every pair, 3 x 4 = 12 links per GPU, no switch.
     gpus = [f"GPU{i}" for i in range(4)]
     topology = {a: {b: "X" if a == b else "NV4" for b in gpus} for a in gpus}
-    assert len(nvidia_smi.nvlink_pairs(topology)) == 6
-    assert nvidia_smi.nvswitch_in_topology(topology) is False
+    assert len(gpu_parsers.nvlink_pairs(topology)) == 6
+    assert gpu_parsers.nvswitch_in_topology(topology) is False
 
 
 def test_topo_unparsable() -> None:
-    assert nvidia_smi.parse_topo_matrix("") == {}
+    assert gpu_parsers.parse_topo_matrix("") == {}
     with pytest.raises(ValueError, match="no header line with GPU0"):
-        nvidia_smi.parse_topo_matrix("Failed to initialize NVML: Unknown Error\n")
+        gpu_parsers.parse_topo_matrix("Failed to initialize NVML: Unknown Error\n")
     with pytest.raises(ValueError, match=r"row GPU1 .* has 1 cells, expected 2"):
-        nvidia_smi.parse_topo_matrix("\tGPU0\tGPU1\nGPU0\t X \tNV12\nGPU1\tNV12\n")
+        gpu_parsers.parse_topo_matrix("\tGPU0\tGPU1\nGPU0\t X \tNV12\nGPU1\tNV12\n")
 
 
 # --- parse_lspci ----------------------------------------------------------------------------------
 
 
 def test_lspci_skips_audio_foreign_vga_and_bridges() -> None:
-    gpus = nvidia_smi.parse_lspci(fixture("a100x2-one-missing", "lspci-nn.txt"))
+    gpus = gpu_parsers.parse_lspci(fixture("a100x2-one-missing", "lspci-nn.txt"))
     assert gpus == [
         {
             "pci_bus_id": "0000:07:00.0",
@@ -295,29 +350,95 @@ def test_lspci_skips_audio_foreign_vga_and_bridges() -> None:
 
 
 def test_lspci_vga_class_counts_and_audio_does_not() -> None:
-    gpus = nvidia_smi.parse_lspci(fixture("rtx3090x4-pcie-x8", "lspci-nn.txt"))
+    gpus = gpu_parsers.parse_lspci(fixture("rtx3090x4-pcie-x8", "lspci-nn.txt"))
     assert [gpu["pci_bus_id"] for gpu in gpus] == ["0000:01:00.0", "0000:21:00.0", "0000:41:00.0", "0000:61:00.0"]
     assert {gpu["description"] for gpu in gpus} == {"NVIDIA Corporation GA102 [GeForce RTX 3090]"}
 
 
 def test_lspci_nvswitch_bridges() -> None:
     text = fixture("h100x8-nvswitch", "lspci-D-nn.txt")
-    assert len(nvidia_smi.parse_lspci(text)) == 8
-    assert nvidia_smi.parse_lspci_nvswitches(text) == ["0000:05:00.0", "0000:06:00.0", "0000:07:00.0", "0000:08:00.0"]
-    assert nvidia_smi.parse_lspci_nvswitches(fixture("a100x2-nvlink", "lspci-D-nn.txt")) == []
+    assert len(gpu_parsers.parse_lspci(text)) == 8
+    assert gpu_parsers.parse_lspci_nvswitches(text) == ["0000:05:00.0", "0000:06:00.0", "0000:07:00.0", "0000:08:00.0"]
+    assert gpu_parsers.parse_lspci_nvswitches(fixture("a100x2-nvlink", "lspci-D-nn.txt")) == []
 
 
-def test_lspci_ignores_other_formats() -> None:
-    # `lspci -n` (numbers only) and verbose lines are not the -nn format; nothing is guessed from them.
-    assert nvidia_smi.parse_lspci("0000:17:00.0 0302: 10de:20b5 (rev a1)\n\tSubsystem: NVIDIA Corporation\n") == []
+# `lspci -D -n -d 10de:` as gpu_count.py runs it: numbers only, NVIDIA functions only.
+LSPCI_D_N = (
+    "0000:17:00.0 0302: 10de:20b5 (rev a1)\n"
+    "0000:65:00.0 0302: 10de:20b5 (rev a1)\n"
+    "0000:ca:00.0 0300: 10de:2204 (rev a1) (prog-if 00 [VGA controller])\n"
+    "0000:ca:00.1 0403: 10de:1aef (rev a1)\n"
+    "0000:05:00.0 0680: 10de:22a3 (rev a1)\n"
+)
+
+
+def test_lspci_numeric_form() -> None:
+    gpus = gpu_parsers.parse_lspci(LSPCI_D_N)
+    assert gpus == [
+        {"pci_bus_id": "0000:17:00.0", "description": None, "device_id": "10de:20b5"},
+        {"pci_bus_id": "0000:65:00.0", "description": None, "device_id": "10de:20b5"},
+        {"pci_bus_id": "0000:ca:00.0", "description": None, "device_id": "10de:2204"},
+    ]
+    assert gpu_parsers.parse_lspci_nvswitches(LSPCI_D_N) == ["0000:05:00.0"]
+
+
+def test_lspci_numeric_form_without_domain_other_vendors_and_upper_case() -> None:
+    text = (
+        "00:02.0 0300: 8086:3e92 (rev 02)\n"  # Intel iGPU: not NVIDIA
+        "3B:00.0 0302: 10DE:20B2 (rev a1)\n"
+        "3b:00.1 0403: 10de:1aef (rev a1)\n"
+    )
+    assert gpu_parsers.parse_lspci(text) == [
+        {"pci_bus_id": "0000:3b:00.0", "description": None, "device_id": "10de:20b2"}
+    ]
+
+
+def test_lspci_ignores_verbose_detail_lines() -> None:
+    text = (
+        "0000:17:00.0 0302: 10de:20b5 (rev a1)\n"
+        "\tSubsystem: NVIDIA Corporation Device 1533\n"
+        "\tKernel driver in use: nvidia\n"
+        "\tKernel modules: nvidiafb, nouveau, nvidia_drm, nvidia\n"
+        "\n"
+    )
+    assert [gpu["pci_bus_id"] for gpu in gpu_parsers.parse_lspci(text)] == ["0000:17:00.0"]
+    assert gpu_parsers.parse_lspci("Subsystem: NVIDIA Corporation\n") == []
+    assert gpu_parsers.parse_lspci("") == []
+
+
+def test_bus_id_has_one_form_from_nvidia_smi_lspci_and_lspci_d() -> None:
+    """The same GPU read from all three kinds of output has the same bus ID, the lspci -D form."""
+    smi = "0, NVIDIA A100 80GB PCIe, GPU-1, 00000000:CA:00.0, 81920, 520.61.05\n"
+    fields = ("index", "name", "uuid", "pci.bus_id", "memory.total", "driver_version")
+    from_smi = gpu_parsers.parse_query_gpu(smi, fields)[0]["pci_bus_id"]
+    from_lspci_nn = gpu_parsers.parse_lspci(
+        "ca:00.0 3D controller [0302]: NVIDIA Corporation GA100 [10de:20b5] (rev a1)"
+    )
+    from_lspci_d_nn = gpu_parsers.parse_lspci(
+        "0000:ca:00.0 3D controller [0302]: NVIDIA Corporation GA100 [10de:20b5] (rev a1)"
+    )
+    from_lspci_d_n = gpu_parsers.parse_lspci("0000:ca:00.0 0302: 10de:20b5 (rev a1)")
+    ids = {from_smi} | {gpu["pci_bus_id"] for gpu in from_lspci_nn + from_lspci_d_nn + from_lspci_d_n}
+    assert ids == {"0000:ca:00.0"}
+    assert len(from_lspci_nn) == len(from_lspci_d_nn) == len(from_lspci_d_n) == 1
 
 
 def test_proc_driver_version() -> None:
     proprietary = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  515.76  Mon Sep 12 19:21:56 UTC 2022\n"
     open_module = "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  575.57.08  Release Build  (dvs-builder@x)\n"
-    assert nvidia_smi.parse_proc_driver_version(proprietary) == "515.76"
-    assert nvidia_smi.parse_proc_driver_version(open_module) == "575.57.08"
-    assert nvidia_smi.parse_proc_driver_version("") is None
+    assert gpu_parsers.parse_proc_driver_version(proprietary) == "515.76"
+    assert gpu_parsers.parse_proc_driver_version(open_module) == "575.57.08"
+    assert gpu_parsers.parse_proc_driver_version("") is None
+    assert gpu_parsers.parse_proc_driver_version(None) is None
+
+
+def test_proc_driver_version_second_line_aarch64_and_no_version() -> None:
+    aarch64 = "NVRM version: NVIDIA UNIX Open Kernel Module for aarch64  550.54.15  Release Build  (x)\n"
+    assert gpu_parsers.parse_proc_driver_version(aarch64) == "550.54.15"
+    two_lines = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  520.61.05  Thu Sep 29 05:30:25 UTC 2022\nGCC version:  gcc 12\n"
+    assert gpu_parsers.parse_proc_driver_version(two_lines) == "520.61.05"
+    assert gpu_parsers.parse_proc_driver_version("GCC version:  gcc version 12.2.0\n") is None
+    assert gpu_parsers.parse_proc_driver_version("NVRM version: NVIDIA UNIX x86_64 Kernel Module  \n") is None
 
 
 # --- the module, with a fake runner -----------------------------------------------------------------

@@ -397,6 +397,26 @@ def test_nvidia_smi_query_csv(nvidia_smi_standin: NvidiaSmiStandin) -> None:
     assert proc.stdout.splitlines() == ["81920, 81920", "81920, 81920"]
 
 
+def test_stand_ins_read_by_the_shared_parsers_give_one_bus_id_form(nvidia_smi_standin: NvidiaSmiStandin) -> None:
+    """The stand-in prints nvidia-smi's ``00000000:0F:00.0``; lspci prints ``0000:0f:00.0`` (-D) or
+    ``0f:00.0``; gpu_parsers turns all of them into ``0000:0f:00.0``."""
+    from ansible_collections.gpu_fleet.tf_hosts.plugins.module_utils import gpu_parsers
+
+    fields = ",".join(gpu_parsers.QUERY_FIELDS)
+    smi = nvidia_smi_standin.run(f"--query-gpu={fields}", "--format=csv,noheader,nounits")
+    assert smi.returncode == 0, smi.stdout
+    assert "00000000:0F:00.0" in smi.stdout
+    gpus = gpu_parsers.parse_query_gpu(smi.stdout)
+    assert [gpu["pci_bus_id"] for gpu in gpus] == ["0000:07:00.0", "0000:0f:00.0"]
+    assert {gpu["compute_capability"] for gpu in gpus} == {"8.0"}
+    lspci = Path(__file__).resolve().parents[1] / "fixtures" / "nvidia" / "lspci.py"
+    env = nvidia_smi_standin.env("2xA100-SXM4-80GB.json")
+    for args in (["-nn"], ["-D", "-nn"], ["-D", "-n", "-d", "10de:"]):
+        out = subprocess.run([sys.executable, str(lspci), *args], env=env, capture_output=True, text=True, check=True)
+        bus_ids = [gpu["pci_bus_id"] for gpu in gpu_parsers.parse_lspci(out.stdout)]
+        assert bus_ids == ["0000:07:00.0", "0000:0f:00.0"], args
+
+
 def test_nvidia_smi_link_width_of_the_rtx_fixture(
     nvidia_smi_standin: NvidiaSmiStandin,
 ) -> None:

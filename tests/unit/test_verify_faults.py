@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "files" / "verify"))
 
 import gpu_count
+import gpu_parsers
 import libraries
 from gpu_count import CommandResult
 
@@ -166,10 +167,10 @@ PROC_VERSION = (
 PROC_VERSION_OPEN = "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  535.104.05  Release Build\n"
 
 
-def test_parse_module_version_closed_and_open_modules(tmp_path):
-    assert gpu_count.parse_module_version(PROC_VERSION) == "515.65.01"
-    assert gpu_count.parse_module_version(PROC_VERSION_OPEN) == "535.104.05"
-    assert gpu_count.parse_module_version("") is None
+def test_module_version_closed_and_open_modules(tmp_path):
+    assert gpu_parsers.parse_proc_driver_version(PROC_VERSION) == "515.65.01"
+    assert gpu_parsers.parse_proc_driver_version(PROC_VERSION_OPEN) == "535.104.05"
+    assert gpu_parsers.parse_proc_driver_version("") is None
     path = tmp_path / "version"
     path.write_text(PROC_VERSION)
     assert gpu_count.loaded_module_version(str(path)) == "515.65.01"
@@ -227,7 +228,7 @@ def test_lspci_standin_lists_a_gpu_that_fell_off_the_bus():
         "0000:07:00.0 0302: 10de:20b2 (rev a1)",
         "0000:0f:00.0 0302: 10de:20b2 (rev a1)",
     ]
-    assert gpu_count.parse_lspci(proc.stdout) == ["00000000:07:00.0", "00000000:0F:00.0"]
+    assert [gpu["pci_bus_id"] for gpu in gpu_parsers.parse_lspci(proc.stdout)] == ["0000:07:00.0", "0000:0f:00.0"]
 
 
 def test_lspci_standin_other_vendor_no_description_and_bad_option(tmp_path):
@@ -240,11 +241,14 @@ def test_lspci_standin_other_vendor_no_description_and_bad_option(tmp_path):
 def test_gpu_count_names_the_missing_bus_id_with_both_standins(nvidia_smi_standin):
     description = GPUS / "2xA100-one-missing.json"
     smi = nvidia_smi_standin.run(*gpu_count.build_command("nvidia-smi")[1:], description=description)
-    pci = gpu_count.parse_lspci(_lspci("-D", "-n", "-d", "10de:", description=description).stdout)
+    pci = [
+        gpu["pci_bus_id"]
+        for gpu in gpu_parsers.parse_lspci(_lspci("-D", "-n", "-d", "10de:", description=description).stdout)
+    ]
     doc = gpu_count.evaluate(2, CommandResult(smi.returncode, smi.stdout, smi.stderr, None), pci_bus_ids=pci)
     (found,) = doc["problems"]
     assert found["cause"] == (
-        "Expected 2 GPUs, nvidia-smi sees 1 (1 missing); on the PCI bus but not in nvidia-smi: 00000000:0F:00.0."
+        "Expected 2 GPUs, nvidia-smi sees 1 (1 missing); on the PCI bus but not in nvidia-smi: 0000:0f:00.0."
     )
 
 

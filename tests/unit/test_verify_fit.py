@@ -4,6 +4,7 @@ that can import tensorflow."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -88,6 +89,65 @@ def test_classify_exception() -> None:
     assert "driver is too old" in cause
     cause, fix = fit.classify_exception("ValueError", "something odd")
     assert "ValueError" in cause and "traceback" in fix
+
+
+@pytest.mark.parametrize("rule", fit.ERROR_RULES, ids=lambda rule: rule.markers[0])
+def test_every_error_rule_answers_for_its_own_markers(rule: fit.ErrorRule) -> None:
+    # No earlier row of the table shadows a later one: each marker, type name and status code
+    # leads to its own row (every row has its own fix).
+    assert len({r.fix for r in fit.ERROR_RULES}) == len(fit.ERROR_RULES)
+    for marker in rule.markers:
+        assert fit.classify_exception("SomeError", f"Op failed: {marker.upper()} here")[1] == rule.fix
+    for type_name in rule.type_names:
+        assert fit.classify_exception(type_name, "no known text")[1] == rule.fix
+    for code in rule.exact:
+        assert fit.classify_exception("SomeError", f"status: {code}: no known text")[1] == rule.fix
+        assert fit.classify_exception("SomeError", f"status: {code.lower()}: no known text")[1] != rule.fix
+
+
+def test_classify_exception_full_texts() -> None:
+    assert fit.classify_exception("ResourceExhaustedError", "OOM when allocating tensor\nmore") == (
+        "Out of GPU memory during the fit (ResourceExhaustedError: OOM when allocating tensor).",
+        "free the GPUs (`nvidia-smi` lists other processes) or lower --per-replica-batch / --image-size",
+    )
+    assert fit.classify_exception("InternalError", "CUDA driver version is insufficient for CUDA runtime version") == (
+        "The NVIDIA driver is too old for TensorFlow's CUDA runtime (CUDA driver version is insufficient for "
+        "CUDA runtime version).",
+        "upgrade the driver (nvidia_driver role) to the branch the stack's CUDA needs",
+    )
+    cause, fix = fit.classify_exception("UnknownError", "Could not start gRPC server")
+    assert cause == (
+        "This worker could not listen on its own TF_CONFIG address (UnknownError: Could not start gRPC server): "
+        "the port is in use or the address is not one of this host's."
+    )
+    cause, fix = fit.classify_exception("RuntimeError", "Virtual devices cannot be modified after being initialized")
+    assert cause == (
+        "TensorFlow was initialised before the logical CPU devices were set (Virtual devices cannot be "
+        "modified after being initialized)."
+    )
+    assert fix == "this is a bug in fit.py: logical devices must be configured before any op"
+    # The message is quoted as it is, braces included (the causes are format templates).
+    cause, _ = fit.classify_exception("UnknownError", "cuDNN {0} {first} {detail}")
+    assert cause == "cuDNN failed during the convolution (UnknownError: cuDNN {0} {first} {detail})."
+
+
+def replica_args(**changes: Any) -> argparse.Namespace:
+    values = {"expected_replicas": None, "cpu_replicas": 0, "use_replicas": None}
+    values.update(changes)
+    return argparse.Namespace(**values)
+
+
+def test_expected_replicas() -> None:
+    two_workers = {"workers": 2, "task_index": 0, "is_chief": True, "cluster": ["a:1", "b:1"]}
+    assert fit.expected_replicas(replica_args(), None, "gpu", 4) == 4
+    assert fit.expected_replicas(replica_args(use_replicas=1), None, "gpu", 4) == 1
+    assert fit.expected_replicas(replica_args(cpu_replicas=3), None, "cpu-replicas", 4) == 3
+    assert fit.expected_replicas(replica_args(cpu_replicas=3, use_replicas=1), None, "cpu-replicas", 0) == 1
+    assert fit.expected_replicas(replica_args(expected_replicas=5), None, "gpu", 4) == 5
+    assert fit.expected_replicas(replica_args(), two_workers, "gpu", 4) == 8
+    assert fit.expected_replicas(replica_args(cpu_replicas=1), two_workers, "cpu-replicas", 4) == 2
+    assert fit.expected_replicas(replica_args(), two_workers, "cpu-replicas", 0) == 2
+    assert fit.expected_replicas(replica_args(expected_replicas=3), two_workers, "gpu", 4) == 3
 
 
 def test_usage_errors_exit_2_without_tensorflow() -> None:

@@ -16,6 +16,7 @@ VERIFY_DIR = Path(__file__).resolve().parents[2] / "files" / "verify"
 sys.path.insert(0, str(VERIFY_DIR))
 
 import gpu_count
+import gpu_parsers
 from gpu_count import CommandResult
 
 A100_X2 = (
@@ -40,40 +41,65 @@ def ok(stdout: str) -> CommandResult:
     return CommandResult(0, stdout, "", None)
 
 
+def parse(text: str) -> list[dict[str, Any]]:
+    """What gpu_count.evaluate reads: the shared parser with gpu_count's own field list."""
+    return gpu_parsers.parse_query_gpu(text, gpu_count.QUERY_FIELDS)
+
+
+def test_files_verify_ships_the_module_utils_parser() -> None:
+    # files/verify/gpu_parsers.py is a relative symlink, so the copy task ships the one parser file.
+    link = VERIFY_DIR / "gpu_parsers.py"
+    assert link.is_symlink() and not os.path.isabs(os.readlink(link))
+    assert link.resolve() == (VERIFY_DIR.parents[1] / "plugins" / "module_utils" / "gpu_parsers.py").resolve()
+
+
 def test_parse_two_a100() -> None:
-    devices = gpu_count.parse_query_csv(A100_X2)
+    devices = parse(A100_X2)
     assert [d["index"] for d in devices] == [0, 1]
     assert devices[0] == {
         "index": 0,
         "name": "NVIDIA A100 80GB PCIe",
         "uuid": "GPU-3f1c2a7e-5b9d-4c11-8e2a-9d0b7c6e4a21",
-        "pci_bus_id": "00000000:17:00.0",
+        "pci_bus_id": "0000:17:00.0",
         "memory_total_mib": 81920,
         "driver_version": "520.61.05",
     }
 
 
 def test_parse_four_rtx3090() -> None:
-    devices = gpu_count.parse_query_csv(RTX3090_X4)
+    devices = parse(RTX3090_X4)
     assert len(devices) == 4
     assert {d["name"] for d in devices} == {"NVIDIA GeForce RTX 3090"}
-    assert [d["pci_bus_id"] for d in devices][-1] == "00000000:61:00.0"
+    assert [d["pci_bus_id"] for d in devices][-1] == "0000:61:00.0"
     assert all(d["memory_total_mib"] == 24576 for d in devices)
 
 
 def test_parse_empty_and_no_devices() -> None:
-    assert gpu_count.parse_query_csv("") == []
-    assert gpu_count.parse_query_csv(NO_DEVICES) == []
+    assert parse("") == []
+    assert parse(NO_DEVICES) == []
 
 
 def test_parse_not_available_memory_is_none() -> None:
     line = "0, NVIDIA H100 80GB HBM3, GPU-1, 00000000:18:00.0, [N/A], 550.54.15\n"
-    assert gpu_count.parse_query_csv(line)[0]["memory_total_mib"] is None
+    assert parse(line)[0]["memory_total_mib"] is None
 
 
 def test_parse_rejects_wrong_field_count() -> None:
-    with pytest.raises(ValueError, match="want 6 fields"):
-        gpu_count.parse_query_csv("0, NVIDIA A100, GPU-1\n")
+    with pytest.raises(ValueError, match="has 3 fields, expected 6"):
+        parse("0, NVIDIA A100, GPU-1\n")
+
+
+def test_busy_gpus_text_formats_the_shared_compute_apps_records() -> None:
+    devices = parse(A100_X2)
+    text = (
+        "4242, python3, GPU-a84e0d3b-1c6f-4e7a-b2d9-5f3e8c1a0b67, 30512\n"
+        "4343, ollama, GPU-00000000-0000-0000-0000-000000000009, [N/A]\n"
+        "No running processes found\n"
+    )
+    assert gpu_count.busy_gpus_text(text, devices) == (
+        "GPU 1: PID 4242 python3 (30512 MiB); GPU-00000000-0000-0000-0000-000000000009: PID 4343 ollama (memory unknown)"
+    )
+    assert gpu_count.busy_gpus_text("No running processes found\n", devices) is None
 
 
 def test_build_command_queries_the_documented_fields() -> None:
@@ -105,13 +131,19 @@ def test_missing_gpu_message_names_expected_seen_missing() -> None:
     assert doc["error"] == found["cause"]
 
 
-def test_missing_gpu_names_bus_id_seen_by_lspci() -> None:
-    bus_ids = gpu_count.parse_lspci(LSPCI_A100_X3)
-    assert bus_ids == ["00000000:17:00.0", "00000000:65:00.0", "00000000:CA:00.0"]
+def test_missing_gpu_names_bus_id_seen_by_lspci(tmp_path: Path) -> None:
+    listing = tmp_path / "lspci.txt"
+    listing.write_text(LSPCI_A100_X3)
+    # Answers only the numeric query gpu_count.py runs.
+    fake = _script(tmp_path / "lspci", f'[ "$*" = "-D -n -d 10de:" ] || exit 1\ncat "{listing}"\n')
+    bus_ids = gpu_count.lspci_bus_ids(fake)
+    assert bus_ids == ["0000:17:00.0", "0000:65:00.0", "0000:ca:00.0"]
     doc = gpu_count.evaluate(3, ok(A100_X2), pci_bus_ids=bus_ids)
-    assert doc["missing_bus_ids"] == ["00000000:CA:00.0"]
+    # nvidia-smi's 00000000:17:00.0 and lspci's 0000:17:00.0 are the same GPU: only ca:00.0 is missing.
+    assert doc["missing_bus_ids"] == ["0000:ca:00.0"]
+    assert [d["pci_bus_id"] for d in doc["devices"]] == ["0000:17:00.0", "0000:65:00.0"]
     assert "(1 missing)" in doc["problems"][0]["cause"]
-    assert "00000000:CA:00.0" in doc["problems"][0]["cause"]
+    assert "0000:ca:00.0" in doc["problems"][0]["cause"]
 
 
 def test_more_gpus_than_inventory_is_a_failure_pointing_at_stale_inventory() -> None:
@@ -233,6 +265,7 @@ def test_against_the_nvidia_smi_standin(
     assert (doc["seen"], doc["ok"]) == (seen, ok), doc
     if seen:
         assert doc["driver_version"] == "520.61.05"
-        assert all(d["pci_bus_id"].startswith("00000000:") for d in doc["devices"])
+        # The stand-in prints nvidia-smi's 00000000:07:00.0; the parser gives lspci -D's form.
+        assert all(d["pci_bus_id"].startswith("0000:") and len(d["pci_bus_id"]) == 12 for d in doc["devices"])
     if description == "2xA100-one-missing.json":
         assert doc["problems"][0]["cause"] == "Expected 2 GPUs, nvidia-smi sees 1 (1 missing)."

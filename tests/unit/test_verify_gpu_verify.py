@@ -109,6 +109,48 @@ def test_timeout_problem_names_the_stage_and_nccl_fix() -> None:
     assert "never started" in gpu_verify.timeout_problem(5, [])["cause"]
 
 
+FIT_OPTIONS = ("per_replica_batch", "steps", "epochs", "learning_rate", "seed")
+
+
+def test_fit_options_reach_fit_unchanged() -> None:
+    import fit
+
+    # Both scripts take the fit's options from fit.add_fit_arguments: same defaults ...
+    defaults, fit_defaults = (
+        gpu_verify.build_parser().parse_args(["--expected-gpus", "2"]),
+        fit.build_parser().parse_args([]),
+    )
+    assert [getattr(defaults, name) for name in FIT_OPTIONS] == [getattr(fit_defaults, name) for name in FIT_OPTIONS]
+    # ... and what gpu_verify.py was given is what fit.py parses.
+    argv = ["--expected-gpus", "2", "--cpu-replicas", "2", "--steps", "2", "--epochs", "1", "--per-replica-batch", "4"]
+    args = gpu_verify.build_parser().parse_args(argv + ["--learning-rate", "1e30", "--seed", "7", "--mixed-precision"])
+    passed = fit.build_parser().parse_args(gpu_verify.fit_arguments(args))
+    for name in (*FIT_OPTIONS, "cpu_replicas", "mixed_precision", "multiworker"):
+        assert getattr(passed, name) == getattr(args, name), name
+
+
+@pytest.mark.parametrize("option", ["--per-replica-batch", "--steps", "--epochs"])
+def test_fit_sizes_below_one_are_usage_errors(option: str) -> None:
+    with pytest.raises(SystemExit) as exc:
+        gpu_verify.main(["--expected-gpus", "2", option, "0"])
+    assert exc.value.code == 2
+
+
+def test_scaling_on_logical_cpus_is_noted_not_judged() -> None:
+    slow = {"check": "scaling", "cause": "Scaling efficiency 0.50", "fix": "Check the links"}
+    scaling = {"ok": False, "efficiency": 0.5, "problems": [slow]}
+    assert gpu_verify.judge_scaling(scaling, 2) == []
+    assert scaling == {
+        "ok": None,
+        "efficiency": 0.5,
+        "note": "measured on logical CPU devices that share the same cores; not judged",
+    }
+    scaling = {"ok": False, "efficiency": 0.5, "problems": [slow]}
+    assert gpu_verify.judge_scaling(scaling, 0) == [slow] and scaling == {"ok": False, "efficiency": 0.5}
+    assert gpu_verify.judge_scaling(None, 0) == []
+    assert gpu_verify.judge_scaling({"ok": None, "note": "not measured with --multiworker"}, 0) == []
+
+
 def _write(path: Path, text: str) -> str:
     path.write_text(text)
     return str(path)
@@ -321,8 +363,13 @@ def test_scaling_baseline_failure_is_named():
 
 
 def test_parse_samples_keeps_the_peak_per_gpu():
+    import gpu_parsers
+
+    # The sampler reads its nvidia-smi output with the shared parser (files/verify/gpu_parsers.py).
+    assert gpu_verify.parse_samples is gpu_parsers.parse_samples
+    assert gpu_verify.UtilisationSampler("nvidia-smi").command[1] == "--query-gpu=index,utilization.gpu,memory.used"
     text = "0, 10, 1000\n1, 0, 500\n0, 97, 30512\n1, 95, 30000\n0, [N/A], 12\n1, 5"
-    assert gpu_verify.parse_samples(text) == {
+    assert gpu_parsers.parse_samples(text) == {
         "0": {"utilization_gpu_peak_pct": 97, "memory_used_peak_mib": 30512, "samples": 2},
         "1": {"utilization_gpu_peak_pct": 95, "memory_used_peak_mib": 30000, "samples": 2},
     }

@@ -1,0 +1,417 @@
+"""One parser per output format of ``nvidia-smi``, ``lspci`` and ``/proc/driver/nvidia/version``.
+
+Shared by the ``nvidia_gpu_facts`` module, the ``gpu_driver_module_version`` and ``gpu_compute_apps``
+filters and the verification scripts in files/verify (which ship this file, through the symlink
+files/verify/gpu_parsers.py, and import it as ``gpu_parsers``). Standard library only, Python 3.8+.
+No function here runs a command or reads a file, so each one is tested with canned output
+(tests/fixtures/nvidia_smi/).
+
+Every PCI bus ID comes out in one form, the one ``lspci -D`` prints: lower-case ``dddd:bb:dd.f``
+(:func:`normalize_bus_id`), whether it came from nvidia-smi (``00000000:17:00.0``), ``lspci``
+(``17:00.0``) or ``lspci -D`` (``0000:17:00.0``).
+
+Sources for the formats (all public):
+
+- ``nvidia-smi --help-query-gpu`` and ``nvidia-smi --help-query-compute-apps``: field names and
+  meanings, ``memory.total``/``used_memory`` in MiB, bracketed placeholders such as ``[N/A]`` and
+  ``[Not Supported]``, ``pci.bus_id`` as ``domain:bus:device.function`` in hex. The nvidia-smi(1)
+  man page (https://docs.nvidia.com/deploy/nvidia-smi/index.html): ``--format=csv,noheader,nounits``
+  and ``-lms``/``--loop-ms``. Real captures in the public repository
+  https://github.com/utkuozdemir/nvidia_gpu_exporter (folder ``testdata/captures/``) also show
+  ``[Requested functionality has been deprecated]`` in place of a value.
+- ``nvidia-smi topo -m`` (see ``nvidia-smi topo -h`` and the legend the command prints): a
+  tab-separated matrix, header ``\\tGPU0\\tGPU1\\t...\\tCPU Affinity\\tNUMA Affinity\\tGPU NUMA ID``,
+  then a blank line, ``Legend:`` and, with NICs, ``NIC Legend:``. On a terminal the header carries
+  ANSI underline codes, which are stripped.
+- lspci(8) from pciutils (https://man7.org/linux/man-pages/man8/lspci.8.html): ``-nn`` prints
+  ``BB:DD.F Class name [CCCC]: Vendor Device [VVVV:DDDD] (rev RR)``; ``-n`` prints the numbers only,
+  ``BB:DD.F CCCC: VVVV:DDDD (rev RR)``; ``-D`` adds the domain, ``DDDD:BB:DD.F``. Class codes come
+  from the PCI-SIG PCI Code and ID Assignment Specification (also listed at https://pci-ids.ucw.cz/).
+- ``/proc/driver/nvidia/version``: the check in the NVIDIA CUDA Installation Guide for Linux,
+  section "Verify the Driver Version" (https://docs.nvidia.com/cuda/cuda-installation-guide-linux/);
+  its first line is ``NVRM version: NVIDIA UNIX x86_64 Kernel Module  <version>  <date>`` or, for
+  the open kernel modules, ``NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  <version> ...``.
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+from collections.abc import Callable
+from typing import Any
+
+# The module's --query-gpu fields. The order of the fields is the order of the CSV columns; callers
+# build their command line from the same tuple they pass to :func:`parse_query_gpu`.
+QUERY_FIELDS: tuple[str, ...] = (
+    "index",
+    "name",
+    "uuid",
+    "pci.bus_id",
+    "memory.total",
+    "compute_cap",
+    "driver_version",
+    "pcie.link.gen.current",
+    "pcie.link.gen.max",
+    "pcie.link.width.current",
+    "pcie.link.width.max",
+    "persistence_mode",
+)
+# --query-compute-apps fields read by :func:`parse_compute_apps`, in column order.
+COMPUTE_APPS_FIELDS: tuple[str, ...] = ("pid", "process_name", "gpu_uuid", "used_memory")
+# --query-gpu fields read by :func:`parse_samples` (with ``-lms N``), in column order.
+SAMPLE_FIELDS: tuple[str, ...] = ("index", "utilization.gpu", "memory.used")
+
+NVIDIA_VENDOR_ID = "10de"
+# PCI class codes (PCI Code and ID Assignment Specification): 0300 VGA-compatible, 0302 3D controller
+# (data-centre GPUs), 0403 audio (the HDMI audio function of GeForce/RTX boards), 0680 "other bridge"
+# (how NVSwitch chips on HGX baseboards enumerate).
+GPU_CLASS_CODES = frozenset({"0300", "0302"})
+NVSWITCH_CLASS_CODE = "0680"
+
+# The most NVLinks any single GPU has had so far: V100 6, A100 12, H100/H200/B200 18.
+MAX_NVLINKS_PER_GPU = 18
+
+_ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_BUS_ID = re.compile(r"^(?:([0-9a-fA-F]{1,8}):)?([0-9a-fA-F]{1,2}):([0-9a-fA-F]{1,2})\.([0-7])$")
+_LSPCI_BUS = r"(?P<bus>(?:[0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])"
+_LSPCI_TAIL = r"(?:\s+\(rev [0-9a-fA-F]+\))?(?:\s+\(prog-if [^)]*\))?\s*$"
+# lspci -nn / -D -nn: names with the numbers in brackets.
+_LSPCI_NAMED = re.compile(
+    rf"^{_LSPCI_BUS}\s+(?P<class_name>.*?)\s*\[(?P<class_code>[0-9a-fA-F]{{4}})\]:\s+"
+    rf"(?P<description>.*?)\s*\[(?P<vendor>[0-9a-fA-F]{{4}}):(?P<device>[0-9a-fA-F]{{4}})\]{_LSPCI_TAIL}"
+)
+# lspci -n / -D -n (-d 10de:): numbers only.
+_LSPCI_NUMERIC = re.compile(
+    rf"^{_LSPCI_BUS}\s+(?P<class_code>[0-9a-fA-F]{{4}}):\s+"
+    rf"(?P<vendor>[0-9a-fA-F]{{4}}):(?P<device>[0-9a-fA-F]{{4}}){_LSPCI_TAIL}"
+)
+_DEVICE_LABEL = re.compile(r"^(GPU|NIC)\d+$")
+_NVLINK_CELL = re.compile(r"^NV(\d+)$")
+_VERSION = re.compile(r"^\d+(?:\.\d+)+$")
+
+
+def normalize_bus_id(bus_id: str) -> str:
+    """Write a PCI address the way ``lspci -D`` does: lower-case ``dddd:bb:dd.f``.
+
+    nvidia-smi prints ``00000000:17:00.0`` (eight-digit domain, upper-case hex), ``lspci -nn``
+    prints ``17:00.0`` and ``lspci -D`` prints ``0000:17:00.0``; all three give ``0000:17:00.0``.
+    Domains above ``ffff`` (Intel VMD) keep their extra digits, as lspci shows them.
+
+    Raises:
+        ValueError: the text is not a PCI address.
+    """
+    match = _BUS_ID.match(bus_id.strip())
+    if not match:
+        raise ValueError(f"not a PCI bus id: {bus_id!r}")
+    domain, bus, device, function = match.groups()
+    return f"{int(domain or '0', 16):04x}:{int(bus, 16):02x}:{int(device, 16):02x}.{function}"
+
+
+def _strip_ansi(text: str) -> str:
+    return _ANSI_ESCAPE.sub("", text)
+
+
+def _is_placeholder(value: str) -> bool:
+    """True for nvidia-smi's non-values: ``[N/A]``, ``[Not Supported]``, ``[Unknown Error]``..., ``N/A``, ``""``."""
+    return (value.startswith("[") and value.endswith("]")) or value in ("N/A", "")
+
+
+def _optional_str(value: str, field: str) -> str | None:
+    return None if _is_placeholder(value) else value
+
+
+def _text(value: str, field: str) -> str:
+    return value
+
+
+def _optional_int(value: str, field: str) -> int | None:
+    """``"16"`` -> 16; a placeholder -> None; anything else is a parse error."""
+    if _is_placeholder(value):
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"nvidia-smi field {field} is {value!r}, not a whole number") from None
+
+
+def _required_int(value: str, field: str) -> int:
+    number = _optional_int(value, field)
+    if number is None:
+        raise ValueError(f"nvidia-smi field {field} is {value!r}, not a whole number")
+    return number
+
+
+def _optional_bool(value: str, field: str) -> bool | None:
+    """``Enabled``/``Disabled`` -> True/False; a placeholder -> None."""
+    if _is_placeholder(value):
+        return None
+    lowered = value.lower()
+    if lowered in ("enabled", "on", "yes"):
+        return True
+    if lowered in ("disabled", "off", "no"):
+        return False
+    raise ValueError(f"nvidia-smi field {field} is {value!r}, not Enabled or Disabled")
+
+
+def _bus_id_field(value: str, field: str) -> str:
+    try:
+        return normalize_bus_id(value)
+    except ValueError:
+        raise ValueError(f"nvidia-smi field {field} is {value!r}, not a PCI address") from None
+
+
+# --query-gpu field -> (key of the parsed record, converter). A field not listed here keeps its
+# text under its name with dots as underscores (``clocks.sm`` -> ``clocks_sm``), placeholders None.
+_QUERY_GPU_KEYS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
+    "index": ("index", _required_int),
+    "name": ("name", _text),
+    "uuid": ("uuid", _text),
+    "pci.bus_id": ("pci_bus_id", _bus_id_field),
+    "memory.total": ("memory_total_mib", _optional_int),
+    "compute_cap": ("compute_capability", _optional_str),
+    "driver_version": ("driver_version", _optional_str),
+    "pcie.link.gen.current": ("pcie_link_gen_current", _optional_int),
+    "pcie.link.gen.max": ("pcie_link_gen_max", _optional_int),
+    "pcie.link.width.current": ("pcie_link_width_current", _optional_int),
+    "pcie.link.width.max": ("pcie_link_width_max", _optional_int),
+    "persistence_mode": ("persistence_mode", _optional_bool),
+}
+
+
+def _query_record(values: list[str], fields: tuple[str, ...] | list[str]) -> dict[str, Any]:
+    record: dict[str, Any] = {}
+    for field, value in zip(fields, values):
+        key, convert = _QUERY_GPU_KEYS.get(field, (field.replace(".", "_"), _optional_str))
+        record[key] = convert(value, field)
+    return record
+
+
+def parse_query_gpu(text: str, fields: tuple[str, ...] | list[str] = QUERY_FIELDS) -> list[dict[str, Any]]:
+    """Parse ``nvidia-smi --query-gpu=<fields> --format=csv,noheader,nounits``.
+
+    ``fields`` are the query fields in the order given to nvidia-smi (default :data:`QUERY_FIELDS`,
+    the module's list). Returns one dict per GPU, in nvidia-smi's order, with one key per field:
+    ``index`` (int), ``name``, ``uuid``, ``pci_bus_id`` (normalised by :func:`normalize_bus_id`),
+    ``memory_total_mib`` (int, MiB; ``nounits`` drops the `` MiB``), ``compute_capability`` (str such
+    as ``"8.0"``), ``driver_version``, ``pcie_link_gen_current``, ``pcie_link_gen_max``,
+    ``pcie_link_width_current``, ``pcie_link_width_max`` (ints, lanes for the widths) and
+    ``persistence_mode`` (bool). Any value nvidia-smi prints in brackets (``[N/A]``,
+    ``[Not Supported]``) becomes None; the index must be a number. Blank lines are ignored;
+    "No devices were found" gives an empty list.
+
+    Raises:
+        ValueError: a line has the wrong number of fields or a field has an impossible value.
+    """
+    lines = [line for line in _strip_ansi(text).splitlines() if line.strip()]
+    if any("no devices were found" in line.lower() for line in lines):
+        return []
+    gpus: list[dict[str, Any]] = []
+    for line_number, row in enumerate(csv.reader(lines, skipinitialspace=True), start=1):
+        values = [value.strip() for value in row]
+        where = f"line {line_number} of the nvidia-smi --query-gpu output"
+        if len(values) != len(fields):
+            raise ValueError(
+                f"{where} has {len(values)} fields, expected {len(fields)} ({','.join(fields)}): "
+                f"{lines[line_number - 1]!r}"
+            )
+        try:
+            gpus.append(_query_record(values, fields))
+        except ValueError as exc:
+            raise ValueError(f"{where}: {exc}") from None
+    return gpus
+
+
+def _csv_cells(line: str) -> list[str]:
+    """The cells of one ``csv,noheader,nounits`` line (nvidia-smi never quotes them)."""
+    return [cell.strip() for cell in line.split(",")]
+
+
+def parse_compute_apps(text: str) -> list[dict[str, Any]]:
+    """Parse ``nvidia-smi --query-compute-apps=pid,process_name,gpu_uuid,used_memory
+    --format=csv,noheader,nounits`` (:data:`COMPUTE_APPS_FIELDS`).
+
+    Returns ``[{"pid": int, "process_name": str, "gpu_uuid": str, "used_memory_mib": int or None}]``
+    in nvidia-smi's order; ``used_memory_mib`` is None when nvidia-smi prints ``[N/A]``. Lines that are
+    not process rows ("No running processes found", a header, blank lines) are skipped.
+    """
+    apps = []
+    for line in _strip_ansi(text).splitlines():
+        cells = _csv_cells(line)
+        if len(cells) != len(COMPUTE_APPS_FIELDS) or not cells[0].isdigit():
+            continue
+        pid, name, uuid, used = cells
+        apps.append(
+            {
+                "pid": int(pid),
+                "process_name": name,
+                "gpu_uuid": uuid,
+                "used_memory_mib": int(used) if used.isdigit() else None,
+            }
+        )
+    return apps
+
+
+def parse_samples(text: str) -> dict[str, dict[str, Any]]:
+    """Peaks per GPU in ``nvidia-smi --query-gpu=index,utilization.gpu,memory.used
+    --format=csv,noheader,nounits -lms N`` output (:data:`SAMPLE_FIELDS`, one line per GPU per sample).
+
+    Returns ``{index (str): {"utilization_gpu_peak_pct": int, "memory_used_peak_mib": int,
+    "samples": int}}``; lines that do not parse (``[N/A]``, a cut last line) are skipped.
+    """
+    peaks: dict[str, dict[str, Any]] = {}
+    for line in _strip_ansi(text).splitlines():
+        cells = _csv_cells(line)
+        if len(cells) != len(SAMPLE_FIELDS) or not all(cell.isdigit() for cell in cells):
+            continue
+        index, util, used = cells[0], int(cells[1]), int(cells[2])
+        peak = peaks.setdefault(index, {"utilization_gpu_peak_pct": 0, "memory_used_peak_mib": 0, "samples": 0})
+        peak["utilization_gpu_peak_pct"] = max(peak["utilization_gpu_peak_pct"], util)
+        peak["memory_used_peak_mib"] = max(peak["memory_used_peak_mib"], used)
+        peak["samples"] += 1
+    return peaks
+
+
+def parse_topo_matrix(text: str) -> dict[str, dict[str, str]]:
+    """Parse the matrix of ``nvidia-smi topo -m`` into ``{"GPU0": {"GPU0": "X", "GPU1": "NV12", ...}}``.
+
+    Rows and columns are the device labels (``GPU<n>``, ``NIC<n>``) of the header line; the CPU
+    Affinity, NUMA Affinity and GPU NUMA ID columns are dropped. Cells are ``X`` (self), ``NV<n>``
+    (n bonded NVLinks), ``PIX``, ``PXB``, ``PHB``, ``NODE`` or ``SYS``. Reading stops at the first
+    blank line, so the ``Legend:`` and ``NIC Legend:`` blocks are ignored. Cells are split on any
+    whitespace: they never contain spaces, and this also reads copies whose tabs became spaces.
+    Empty text gives an empty dict.
+
+    Raises:
+        ValueError: no header line with ``GPU0``, or a row has fewer cells than the header has devices.
+    """
+    lines = _strip_ansi(text).splitlines()
+    header_at = next((i for i, line in enumerate(lines) if "GPU0" in line.split()), None)
+    if header_at is None:
+        if not text.strip():
+            return {}
+        raise ValueError("no header line with GPU0 in the nvidia-smi topo -m output")
+    columns: list[str] = []
+    for token in lines[header_at].split():
+        if not _DEVICE_LABEL.match(token):
+            break
+        columns.append(token)
+    matrix: dict[str, dict[str, str]] = {}
+    for line in lines[header_at + 1 :]:
+        tokens = line.split()
+        if not tokens or not _DEVICE_LABEL.match(tokens[0]):
+            break
+        label = tokens[0]
+        cells = tokens[1 : 1 + len(columns)]
+        if len(cells) != len(columns):
+            raise ValueError(
+                f"row {label} of the nvidia-smi topo -m output has {len(cells)} cells, expected {len(columns)}: {line!r}"
+            )
+        matrix[label] = dict(zip(columns, cells))
+    return matrix
+
+
+def nvlink_pairs(topology: dict[str, dict[str, str]]) -> list[dict[str, Any]]:
+    """GPU pairs joined by NVLink in a :func:`parse_topo_matrix` result.
+
+    Returns ``[{"gpus": [i, j], "links": n}, ...]`` with ``i < j`` (nvidia-smi indices), sorted,
+    one entry per unordered pair; n is the number of bonded links from the ``NV<n>`` cell.
+    """
+    pairs: dict[tuple[int, int], int] = {}
+    for row, cells in topology.items():
+        if not row.startswith("GPU"):
+            continue
+        for column, cell in cells.items():
+            match = _NVLINK_CELL.match(cell)
+            if not column.startswith("GPU") or not match:
+                continue
+            a, b = int(row[3:]), int(column[3:])
+            if a != b:
+                pairs[(min(a, b), max(a, b))] = int(match.group(1))
+    return [{"gpus": [a, b], "links": links} for (a, b), links in sorted(pairs.items())]
+
+
+def nvswitch_in_topology(topology: dict[str, dict[str, str]]) -> bool:
+    """Guess from ``topo -m`` alone whether the GPUs talk through NVSwitch.
+
+    Heuristic, not a measurement: at least 4 GPUs, every pair of them is ``NV<n>``, and each GPU
+    claims more bonded links to its peers in total than any GPU has (:data:`MAX_NVLINKS_PER_GPU`).
+    Example: 8x H100 SXM on HGX shows NV18 for all 28 pairs (7 x 18 = 126 > 18), which only a switch
+    can provide; 4x A100 on HGX Redstone shows NV4 per pair (3 x 4 = 12), a direct mesh, so False.
+    It misses a switched box when only a few of its GPUs are visible (a VM with 2 of 8).
+    """
+    gpus = sorted(label for label in topology if label.startswith("GPU"))
+    if len(gpus) < 4:
+        return False
+    for gpu in gpus:
+        total = 0
+        for peer in gpus:
+            if peer == gpu:
+                continue
+            match = _NVLINK_CELL.match(topology[gpu].get(peer, ""))
+            if not match:
+                return False
+            total += int(match.group(1))
+        if total <= MAX_NVLINKS_PER_GPU:
+            return False
+    return True
+
+
+def _lspci_nvidia_devices(text: str) -> list[dict[str, Any]]:
+    """Every NVIDIA (vendor 10de) function in ``lspci -nn`` or ``lspci -n`` output, with its class code."""
+    devices = []
+    for line in _strip_ansi(text).splitlines():
+        match = _LSPCI_NAMED.match(line.strip()) or _LSPCI_NUMERIC.match(line.strip())
+        if not match or match.group("vendor").lower() != NVIDIA_VENDOR_ID:
+            continue
+        named = "description" in match.groupdict()
+        devices.append(
+            {
+                "pci_bus_id": normalize_bus_id(match.group("bus")),
+                "class_code": match.group("class_code").lower(),
+                "description": match.group("description").strip() if named else None,
+                "device_id": f"{NVIDIA_VENDOR_ID}:{match.group('device').lower()}",
+            }
+        )
+    return devices
+
+
+def parse_lspci(text: str) -> list[dict[str, Any]]:
+    """NVIDIA GPUs in ``lspci -nn``/``lspci -D -nn`` (named) or ``lspci -D -n [-d 10de:]`` (numeric) output.
+
+    Keeps vendor ``10de`` functions of class VGA ``0300`` or 3D controller ``0302``; skips NVIDIA
+    audio ``0403``, NVSwitch bridges ``0680`` and every other vendor. Returns
+    ``[{"pci_bus_id": "0000:17:00.0", "description": "NVIDIA Corporation GA100 [A100 SXM4 80GB]",
+    "device_id": "10de:20b2"}, ...]`` sorted by bus ID; ``description`` is None for the numeric
+    form, which prints no names. Lines in other formats (``-v`` detail lines) are ignored.
+    """
+    gpus = [
+        {key: device[key] for key in ("pci_bus_id", "description", "device_id")}
+        for device in _lspci_nvidia_devices(text)
+        if device["class_code"] in GPU_CLASS_CODES
+    ]
+    return sorted(gpus, key=lambda gpu: gpu["pci_bus_id"])
+
+
+def parse_lspci_nvswitches(text: str) -> list[str]:
+    """Bus IDs of NVIDIA bridge functions ``0680`` (NVSwitch chips on HGX boards) in lspci output (either form)."""
+    return sorted(
+        device["pci_bus_id"] for device in _lspci_nvidia_devices(text) if device["class_code"] == NVSWITCH_CLASS_CODE
+    )
+
+
+def parse_proc_driver_version(text: str | None) -> str | None:
+    """Version of the loaded NVIDIA kernel module from ``/proc/driver/nvidia/version`` text, or None.
+
+    ``NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.104.05  <date>`` and the open module's
+    ``NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  575.57.08  Release Build ...``:
+    the first dotted number after ``Module`` on the ``NVRM version:`` line. None for empty text,
+    None, or text without that line (no module loaded).
+    """
+    for line in (text or "").splitlines():
+        line = line.strip()
+        if not line.startswith("NVRM version:") or "Module" not in line:
+            continue
+        for token in line.split("Module", 1)[1].split():
+            if _VERSION.match(token):
+                return token
+    return None
