@@ -9,7 +9,8 @@ What is loaded and how the version is read:
   version from CUDA 11 on): ``cudaRuntimeGetVersion(int*)``, e.g. 11080.
 * ``libcudnn.so.<major>``: ``cudnnGetVersion()`` returns ``size_t``.  cuDNN 8 encodes
   ``major*1000 + minor*100 + patch`` and cuDNN 9 ``major*10000 + minor*100 + patch``
-  (reference ``nvidia-tensorflow-facts.md`` section 5.2, from ``cudnn_version.h``).
+  (the ``CUDNN_VERSION`` macro of cuDNN's ``cudnn_version.h``, shipped in the cuDNN tar archive and
+  the ``nvidia-cudnn-cu*`` wheels).
 
 CUDA version integers decode as ``major = v // 1000``, ``minor = (v % 1000) // 10`` (11080 ->
 "11.8"), the encoding used by ``cudaRuntimeGetVersion``/``cuDriverGetVersion`` in the CUDA
@@ -18,11 +19,13 @@ runtime API reference.
 Libraries are found the way every process finds them (``LD_LIBRARY_PATH``, the ``ldconfig``
 cache built from ``/etc/ld.so.conf.d``); the file really mapped is read back from
 ``/proc/self/maps`` (with ``dladdr`` to pick one when several copies are mapped).  TensorFlow
-wheels can also use their own RUNPATH to pip-installed NVIDIA libraries (reference section 1.4),
+wheels can also use their own RUNPATH to pip-installed NVIDIA libraries (``$ORIGIN/../nvidia/<pkg>/lib``,
+set by ``cuda_rpath_flags`` in openxla/xla ``xla/tsl/platform/default/cuda_build_defs.bzl``),
 so ``fit.py`` additionally reports what TensorFlow itself mapped (:func:`mapped_library_versions`).
 
 ``tensorflow_build_info()`` imports TensorFlow lazily and compares its build with the loaded
-libraries using TensorFlow's cuDNN rule (reference section 1.1, quoting ``cuda_dnn.cc``): "CuDNN
+libraries using TensorFlow's cuDNN rule (``cuda_dnn.cc``, quoted in tensorflow/tensorflow issue #62626,
+https://github.com/tensorflow/tensorflow/issues/62626): "CuDNN
 library needs to have matching major version and equal or higher minor version."
 
 Exit codes: 0 all checks passed, 1 a check failed, 2 usage error.
@@ -79,7 +82,7 @@ def decode_cuda_version(raw: int) -> str:
 def decode_cudnn_version(raw: int) -> str:
     """``cudnnGetVersion()`` value to ``"major.minor.patch"``: 8600 -> "8.6.0", 90300 -> "9.3.0".
 
-    cuDNN <= 8 uses ``*1000`` and cuDNN >= 9 ``*10000`` (reference section 5.2); the ranges do not
+    cuDNN <= 8 uses ``*1000`` and cuDNN >= 9 ``*10000`` (``CUDNN_VERSION`` in ``cudnn_version.h``); the ranges do not
     overlap (8.x < 10000 <= 9.x), so the value itself says which formula applies.
     """
     if raw >= 10000:
@@ -389,7 +392,8 @@ def compare_cudnn(record: dict[str, Any], expected_cudnn: str | None) -> list[Pr
 def compare_driver_runtime(libcuda: dict[str, Any], libcudart: dict[str, Any]) -> list[Problem]:
     """The driver's CUDA version (cuDriverGetVersion) must be >= the runtime's.
 
-    NVIDIA's minor-version compatibility (reference section 2.2) lets an older driver of the same
+    NVIDIA's minor-version compatibility ("CUDA Minor Version Compatibility",
+    https://docs.nvidia.com/deploy/cuda-compatibility/minor-version-compatibility.html) lets an older driver of the same
     major run a newer runtime with a "limited feature-set" (PTX from a newer toolkit fails), so
     this project treats any driver older than the runtime as a failure.
     """
@@ -410,8 +414,8 @@ def compare_driver_runtime(libcuda: dict[str, Any], libcudart: dict[str, Any]) -
 
 
 def cudnn_tf_rule(built: str, loaded: str) -> str | None:
-    """TensorFlow's runtime cuDNN rule (reference 1.1, ``cuda_dnn.cc``): same major, loaded minor
-    >= built minor.  ``built`` may be major only (pip builds report ``"8"``).
+    """TensorFlow's runtime cuDNN rule (``cuda_dnn.cc``, quoted in tensorflow/tensorflow#62626): same
+    major, loaded minor >= built minor.  ``built`` may be major only (pip builds report ``"8"``).
 
     Returns None when TensorFlow accepts the pair, else the reason.
     """
@@ -723,7 +727,8 @@ def tensorflow_build_info() -> dict[str, Any]:
 
     Returns ``{"version", "build_info", "is_cuda_build", "gpus", "error"}``; ``gpus`` is
     ``len(tf.config.list_physical_devices("GPU"))``.  ``tf.sysconfig.get_build_info()`` holds
-    ``cuda_version``/``cudnn_version``/``is_cuda_build`` (reference section 1.4).  Import failures
+    ``cuda_version``/``cudnn_version``/``is_cuda_build``
+    (https://www.tensorflow.org/api_docs/python/tf/sysconfig/get_build_info).  Import failures
     are returned in ``error``, not raised.
     """
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

@@ -20,34 +20,27 @@ IMAGE = os.environ.get("GPU_SANDBOX_IMAGE", "localhost/gpu-sandbox-debian:12")
 STANDINS = ROOT / "build/standins"
 
 
+def start_container(prefix: str) -> str:
+    """Start a new sandbox container named ``<prefix>-<random>``; returns its name."""
+    if shutil.which("podman") is None or not (STANDINS / "artifacts.yml").exists():
+        pytest.fail("needs podman, the sandbox image and the stand-ins: run `make image standins` first")
+    name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    limits = ["--ulimit", "nofile=1024:1024", "--ulimit", "nproc=4096:4096"]
+    argv = ["podman", "run", "-d", "--name", name, "--runtime=runc", "--init", *limits, IMAGE, "sleep", "infinity"]
+    subprocess.run(argv, check=True, capture_output=True)
+    return name
+
+
+def stop_container(name: str) -> None:
+    subprocess.run(["podman", "rm", "-f", "-t", "1", name], capture_output=True)
+
+
 @pytest.fixture
 def fresh_host(tmp_path):
     """A new sandbox container and an inventory for it that reuses the sandbox's group_vars.
 
     Yields ``(container name, inventory folder)``; the container is removed afterwards."""
-    if shutil.which("podman") is None or not (STANDINS / "artifacts.yml").exists():
-        pytest.fail("needs podman, the sandbox image and the stand-ins: run `make image standins` first")
-    name = f"gpu-badinput-{uuid.uuid4().hex[:8]}"
-    subprocess.run(
-        [
-            "podman",
-            "run",
-            "-d",
-            "--name",
-            name,
-            "--runtime=runc",
-            "--init",
-            "--ulimit",
-            "nofile=1024:1024",
-            "--ulimit",
-            "nproc=4096:4096",
-            IMAGE,
-            "sleep",
-            "infinity",
-        ],
-        check=True,
-        capture_output=True,
-    )
+    name = start_container("gpu-badinput")
     inventory = tmp_path / "inventory"
     inventory.mkdir()
     (inventory / "hosts.yml").write_text(
@@ -55,7 +48,7 @@ def fresh_host(tmp_path):
     )
     (inventory / "group_vars").symlink_to(ROOT / "inventories/sandbox/group_vars")
     yield name, inventory
-    subprocess.run(["podman", "rm", "-f", "-t", "1", name], capture_output=True)
+    stop_container(name)
 
 
 def site(inventory: Path, *extra: str, playbook: str = "site.yml") -> subprocess.CompletedProcess:

@@ -1,25 +1,76 @@
-"""Custom modules document themselves: ansible-doc renders them with the project's ansible.cfg."""
+"""Custom plugins document themselves: ansible-doc renders the module, the lookup and every filter
+with the project's ansible.cfg, and lists no filter as UNDOCUMENTED."""
 
 from __future__ import annotations
 
+import importlib
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
+COLLECTION = "gpu_fleet.tf_hosts"
 
 
-def test_ansible_doc_renders_nvidia_gpu_facts():
+def ansible_doc(*args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_HOME=str(ROOT / ".ansible"))
-    out = subprocess.run(
-        [str(Path(sys.executable).with_name("ansible-doc")), "-t", "module", "gpu_fleet.tf_hosts.nvidia_gpu_facts"],
+    return subprocess.run(
+        [str(Path(sys.executable).with_name("ansible-doc")), *args],
         capture_output=True,
         text=True,
         env=env,
         cwd=ROOT,
         timeout=120,
     )
+
+
+def exported_filters() -> list[str]:
+    """Every filter name the FilterModule classes of plugins/filter/*.py export (conftest.py puts
+    collections/ on sys.path, so they import by their collection path)."""
+    names = []
+    for path in sorted((ROOT / "plugins" / "filter").glob("*.py")):
+        module = importlib.import_module(f"ansible_collections.gpu_fleet.tf_hosts.plugins.filter.{path.stem}")
+        names += module.FilterModule().filters()
+    return sorted(names)
+
+
+FILTERS = exported_filters()
+
+
+def test_ansible_doc_renders_nvidia_gpu_facts():
+    out = ansible_doc("-t", "module", f"{COLLECTION}.nvidia_gpu_facts")
     assert out.returncode == 0, out.stderr
     for text in ("nvidia_gpu_facts", "nvidia_smi_path", "lspci_path", "RETURN VALUES", "nvswitch_present"):
+        assert text in out.stdout, text
+
+
+def test_ansible_doc_renders_collection_path_lookup():
+    out = ansible_doc("-t", "lookup", f"{COLLECTION}.collection_path")
+    assert out.returncode == 0, out.stderr
+    for text in ("collection_path", "default_of", "RETURN VALUES"):
+        assert text in out.stdout, text
+
+
+def test_ansible_doc_lists_every_filter_documented():
+    out = ansible_doc("-t", "filter", "-l", COLLECTION)
+    assert out.returncode == 0, out.stderr
+    listed = {}
+    for line in out.stdout.splitlines():
+        name, _, description = line.partition(" ")
+        if name.startswith(COLLECTION + "."):
+            listed[name.removeprefix(COLLECTION + ".")] = description.strip()
+    assert sorted(listed) == FILTERS
+    undocumented = sorted(name for name, description in listed.items() if "UNDOCUMENTED" in description)
+    assert not undocumented, f"filters without plugins/filter/<name>.yml: {undocumented}"
+
+
+@pytest.mark.parametrize("name", FILTERS)
+def test_ansible_doc_renders_filter(name: str):
+    out = ansible_doc("-t", "filter", f"{COLLECTION}.{name}")
+    assert out.returncode == 0, out.stderr
+    assert not out.stderr.strip(), out.stderr
+    for text in (f"{COLLECTION}.{name}", "EXAMPLES", "RETURN VALUES", "_input"):
         assert text in out.stdout, text

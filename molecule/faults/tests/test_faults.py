@@ -24,6 +24,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from ansible_run import run_playbook
 
 A, B = "molecule-faults-a", "molecule-faults-b"
+# Paths inside the sandbox containers A and B, not on the machine that runs the tests.
 CUDA = "/usr/local/cuda-11.8"
 LIB64 = f"{CUDA}/lib64"
 BACKUP = "/root/fault-backup"
@@ -110,7 +111,7 @@ EXPECTED = {
     ),
     "gpu_fell_off_bus": (
         "gpu_count",
-        ["Expected 2 GPUs, nvidia-smi sees 1", "on the PCI bus but not in nvidia-smi: 00000000:0F:00.0"],
+        ["Expected 2 GPUs, nvidia-smi sees 1", "on the PCI bus but not in nvidia-smi: 0000:0f:00.0"],
         "fallen off the bus",
     ),
     "module_mismatch": (
@@ -216,7 +217,7 @@ def test_healthy_hosts_pass_with_no_problem(healthy):
         assert _host(report, host)["problems"] == []
     # Three counts agree: PCI (the lspci stand-in), NVML and the inventory.
     doc = _host(report, A)["results"][0]
-    assert doc["gpus"]["pci_bus_ids"] == ["00000000:07:00.0", "00000000:0F:00.0"]
+    assert doc["gpus"]["pci_bus_ids"] == ["0000:07:00.0", "0000:0f:00.0"]
     assert doc["gpus"]["seen"] == doc["gpus"]["expected"] == 2
 
 

@@ -1,0 +1,153 @@
+"""House rules that keep the collection easy to live in, checked on the source tree.
+
+- Roles meet only through published outputs: no role names another role's private (``__``)
+  variables, no role notifies another role's handler, and no plugin reads a role's private names.
+- One supported-OS list (data/supported_os.yml) that role metadata and the README agree with.
+- No product function longer than a screen (60 lines).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+ROLES = sorted(p.name for p in (ROOT / "roles").iterdir() if p.is_dir())
+PRIVATE = re.compile(r"\b__([a-z][a-z0-9_]*)")
+MAX_FUNCTION_LINES = 60
+PRODUCT_PYTHON = ["plugins", "files/verify", "roles"]
+
+
+def owner(private_name: str) -> str | None:
+    """The role a private name (without its leading ``__``) belongs to: the longest role name it
+    starts with, followed by ``_`` or nothing."""
+    matches = [r for r in ROLES if private_name == r or private_name.startswith(r + "_")]
+    return max(matches, key=len) if matches else None
+
+
+def role_files(role: str) -> list[Path]:
+    return [p for p in (ROOT / "roles" / role).rglob("*") if p.is_file() and p.suffix in (".yml", ".j2", ".py")]
+
+
+def foreign_private_names(role: str) -> set[str]:
+    found = set()
+    for path in role_files(role):
+        for name in PRIVATE.findall(path.read_text(encoding="utf-8")):
+            if owner(name) not in (None, role):
+                found.add(f"{path.relative_to(ROOT)}: __{name}")
+    return found
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_no_role_names_another_roles_private_variables(role):
+    assert not foreign_private_names(role), "use the owning role's published output instead"
+
+
+def test_the_private_name_check_catches_a_foreign_name(tmp_path, monkeypatch):
+    assert owner("gpu_verify_results") == "gpu_verify"
+    assert owner("cuda_toolkit") == "cuda_toolkit"
+    assert owner("gpu_verifyx") is None
+    fake = tmp_path / "roles" / "cudnn" / "tasks"
+    fake.mkdir(parents=True)
+    (fake / "main.yml").write_text("x: '{{ __gpu_env_root }} {{ __cudnn_stack }}'\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    assert foreign_private_names("cudnn") == {"roles/cudnn/tasks/main.yml: __gpu_env_root"}
+
+
+def test_plugins_read_no_private_role_variables():
+    offenders = [
+        f"{path.relative_to(ROOT)}: __{name}"
+        for path in (ROOT / "plugins").rglob("*.py")
+        for name in PRIVATE.findall(path.read_text(encoding="utf-8"))
+        if owner(name)
+    ]
+    assert not offenders, "plugins read published facts (<role>_*), never a role's __ variables"
+
+
+def handler_topics(role: str) -> set[str]:
+    path = ROOT / "roles" / role / "handlers" / "main.yml"
+    handlers = yaml.safe_load(path.read_text()) if path.exists() else []
+    topics = set()
+    for handler in handlers or []:
+        topics.add(handler["name"])
+        listen = handler.get("listen") or []
+        topics.update([listen] if isinstance(listen, str) else listen)
+    return topics
+
+
+def notified_topics(role: str) -> set[str]:
+    topics = set()
+    for path in role_files(role):
+        if path.suffix != ".yml":
+            continue
+        for match in re.finditer(r"^\s*notify:\s*(.+)$", path.read_text(encoding="utf-8"), re.MULTILINE):
+            value = yaml.safe_load(match.group(1))
+            topics.update([value] if isinstance(value, str) else value or [])
+    return topics
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_roles_notify_only_their_own_handlers(role):
+    missing = notified_topics(role) - handler_topics(role)
+    assert not missing, f"{role} notifies handlers it does not own: {sorted(missing)}"
+
+
+def supported_os() -> dict:
+    return yaml.safe_load((ROOT / "data" / "supported_os.yml").read_text())["supported_os"]
+
+
+def galaxy_platforms() -> list[dict]:
+    platforms: dict[str, list[str]] = {}
+    for entry in supported_os().values():
+        versions = platforms.setdefault(entry["galaxy"]["name"], [])
+        versions += [str(v) for v in entry["galaxy"]["versions"] if str(v) not in versions]
+    return [{"name": name, "versions": versions} for name, versions in platforms.items()]
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_role_metadata_lists_the_supported_os(role):
+    meta = yaml.safe_load((ROOT / "roles" / role / "meta" / "main.yml").read_text())
+    listed = [
+        {"name": p["name"], "versions": [str(v) for v in p["versions"]]} for p in meta["galaxy_info"]["platforms"]
+    ]
+    assert listed == galaxy_platforms()
+
+
+def test_readme_states_the_supported_os_list():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    for distribution, entry in supported_os().items():
+        row = f"| {distribution} | {', '.join(str(v) for v in entry['versions'])} | {entry['tested']} |"
+        assert row in readme, f"README.md lacks the row {row!r}"
+
+
+def test_every_supported_family_has_its_per_os_data():
+    families = {"Debian": "Debian", "Ubuntu": "Debian", "RedHat": "RedHat", "Rocky": "RedHat"}
+    for distribution in supported_os():
+        family = families[distribution]
+        for vars_dir in (ROOT / "roles").glob("*/vars"):
+            per_os = {p.stem for p in vars_dir.glob("*.yml")} - {"main"}
+            if per_os:
+                assert family in per_os or distribution in per_os, f"{vars_dir} has no data for {distribution}"
+
+
+def long_functions(folder: Path) -> list[str]:
+    found = []
+    for path in folder.rglob("*.py"):
+        if path.is_symlink():
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({length} lines)")
+    return found
+
+
+@pytest.mark.parametrize("folder", PRODUCT_PYTHON)
+def test_no_product_function_is_longer_than_a_screen(folder):
+    assert not long_functions(ROOT / folder)
