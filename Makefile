@@ -1,6 +1,7 @@
 # make demo   - the main job end to end on the built-in sandbox host
-# make test   - lint, unit tests, Molecule default (check -> converge -> idempotence -> verify) and
-#               preflight, artifacts and faults scenarios, bad-input, air-gap and HTML-report runs
+# make test   - lint, unit tests, ansible-test sanity, Molecule default (check -> converge ->
+#               idempotence -> verify) and preflight, artifacts and faults scenarios, bad-input,
+#               air-gap and HTML-report runs
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 VENV := .venv
@@ -12,7 +13,7 @@ export ANSIBLE_FORCE_COLOR ?= 0
 STANDINS := build/standins
 PYTEST_UNIT := tests/unit
 
-.PHONY: help deps venv image standins sandbox demo demo-clean lint unit molecule integration test bench clean
+.PHONY: help deps venv image standins sandbox demo demo-clean lint unit sanity molecule integration test bench clean
 
 help:
 	@echo "make demo        provision and verify the sandbox host, print the fleet report"
@@ -20,6 +21,7 @@ help:
 	@echo "make test        everything below, in order"
 	@echo "make lint        yamllint, ansible-lint (production), ruff"
 	@echo "make unit        pytest tests/unit"
+	@echo "make sanity      ansible-test sanity on the built and installed collection"
 	@echo "make molecule    Molecule scenarios default, preflight, artifacts, faults"
 	@echo "make integration bad inputs, air-gap bundle, HTML report in Chromium"
 
@@ -60,6 +62,9 @@ lint: venv
 unit: venv standins
 	$(BIN)/pytest -q $(PYTEST_UNIT)
 
+sanity: venv
+	tools/sanity.sh
+
 molecule: venv standins image
 	$(BIN)/molecule test -s default
 	$(BIN)/molecule test -s preflight
@@ -69,7 +74,7 @@ molecule: venv standins image
 integration: venv standins image
 	$(BIN)/pytest -q tests/integration
 
-test: lint unit molecule integration
+test: lint unit sanity molecule integration
 
 clean:
 	rm -rf build reports .ansible

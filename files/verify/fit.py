@@ -580,7 +580,7 @@ def _setup_strategy(
         cpus = tf.config.list_physical_devices("CPU")
         tf.config.set_logical_device_configuration(
             cpus[0],
-            [tf.config.LogicalDeviceConfiguration() for _ in range(args.cpu_replicas)],
+            [tf.config.LogicalDeviceConfiguration() for _replica in range(args.cpu_replicas)],
         )
         used = min(args.use_replicas or args.cpu_replicas, args.cpu_replicas)
         strategy = tf.distribute.MirroredStrategy(devices=[f"/cpu:{i}" for i in range(used)])
@@ -617,7 +617,7 @@ def expected_replicas(args: argparse.Namespace, multiworker: dict[str, Any] | No
 def _fit_dataset(tf: Any, np: Any, args: argparse.Namespace, samples: int, global_batch: int, sharded: bool) -> Any:
     """The seeded dataset of ``samples`` images in global batches; ``sharded`` (multi-worker) sets
     the DATA auto-shard policy."""
-    dataset, _ = make_dataset(tf, np, samples, args.image_size, global_batch, args.seed)
+    dataset, _labels = make_dataset(tf, np, samples, args.image_size, global_batch, args.seed)
     if sharded:
         # Every worker builds the same in-memory data, so there are no files to shard by: DATA
         # gives each worker its share of every global batch (and no FILE-sharding warning).

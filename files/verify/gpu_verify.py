@@ -405,7 +405,7 @@ class UtilisationSampler:
         if self.proc is None:
             return None
         kill_group(self.proc)
-        stdout, _ = self.proc.communicate()
+        stdout, _stderr = self.proc.communicate()
         return parse_samples(stdout or "")
 
 
@@ -418,7 +418,10 @@ def scaling_result(fit_all: dict[str, Any], fit_one: dict[str, Any], threshold: 
     with NVLink commonly give 1.8-2.2x) or a failed baseline fit is a problem.
     """
     replicas = int(fit_all.get("num_replicas_in_sync") or 0)
-    rate = lambda fit: fit.get("steady_samples_per_second") or fit.get("samples_per_second")  # noqa: E731
+
+    def rate(fit: dict[str, Any]) -> Any:
+        return fit.get("steady_samples_per_second") or fit.get("samples_per_second")
+
     one, every = rate(fit_one), rate(fit_all)
     doc: dict[str, Any] = {
         "replicas": replicas,

@@ -257,7 +257,7 @@ def loader_search_order(ld_library_path: str | None, conf: dict[str, list[str]])
 def soname_major(filename: str) -> int | None:
     """CUDA major version in a toolkit library file name: ``libcudart.so.11.0`` / ``libcudart.so.11.8.89``
     -> 11, ``libcublas.so.12`` -> 12; None without a numeric suffix."""
-    _, _, suffix = os.path.basename(filename).partition(".so.")
+    suffix = os.path.basename(filename).partition(".so.")[2]
     head = suffix.split(".", 1)[0]
     return int(head) if head.isdigit() else None
 
@@ -639,7 +639,7 @@ def mapped_library_versions(
                 "error": None,
             }
             try:
-                _, raw = _call_version(ctypes.CDLL(path), symbol)
+                _function, raw = _call_version(ctypes.CDLL(path), symbol)
                 entry.update(raw=raw, version=decode(raw))
             except (OSError, AttributeError, RuntimeError) as exc:
                 entry["error"] = str(exc)

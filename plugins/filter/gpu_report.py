@@ -78,7 +78,7 @@ def gpu_du_bytes(lines: list[str]) -> dict[str, int]:
     read are missing from its output and so from the result)."""
     used = {}
     for line in lines:
-        size, _, path = line.partition("\t")
+        size, _tab, path = line.partition("\t")
         if size.isdigit() and path:
             used[path] = int(size)
     return used

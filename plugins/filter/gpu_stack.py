@@ -28,8 +28,15 @@ from __future__ import annotations
 import re
 from typing import Any, NamedTuple
 
-from packaging.specifiers import SpecifierSet
-from packaging.version import InvalidVersion, Version
+from ansible.errors import AnsibleFilterError
+
+try:
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import InvalidVersion, Version
+except ImportError as error:  # packaging comes with ansible-core; ansible-test's import check runs without it
+    PACKAGING_ERROR: ImportError | None = error
+else:
+    PACKAGING_ERROR = None
 
 PIN_KEYS = ("name", "tensorflow", "cuda", "cudnn", "python", "package", "venv")
 DEFAULT_VENV_ROOT = "/opt/tensorflow"
@@ -394,7 +401,7 @@ def _pick_cudnn(name: str, cudnn_pin: str, cuda_pin: str, manifest: dict) -> tup
         "version": version,
         "short": _series(version, 3),
         "series": _series(version),
-        "major": int(version.split(".")[0]),
+        "major": int(version.split(".", maxsplit=1)[0]),
         "archive": _artifact_record(archive, entry),
     }
     return record, []
@@ -460,7 +467,8 @@ def resolve_stack(pin: dict, matrix: dict, manifest: dict, host: dict) -> dict:
         matrix: the parsed ``data/version_matrix.yml``.
         manifest: ``{file name: entry}`` from the merged artifact manifests.
         host: ``{python_version: 'X.Y.Z' (of pin['python'] on the host), default_python: the
-            interpreter of a pin without ``python``, driver_version: the driver the host will run, gpus?: [{index, name, compute_capability: 'X.Y'}] (nvidia_gpu_facts)}``.
+            interpreter of a pin without ``python``, driver_version: the driver the host will run,
+            gpus?: [{index, name, compute_capability: 'X.Y'}] (nvidia_gpu_facts)}``.
 
     Returns:
         ``{ok: bool, stack: dict | None, problems: [{stack, check, cause, fix}], warnings: [...]}``.
@@ -651,6 +659,10 @@ def tf_requirement(tensorflow: dict, default_package: str = "tensorflow") -> str
 
 def gpu_stacks_resolve(pins: list[dict], matrix: dict, manifest: dict, host: dict, default: str = "") -> dict:
     """Ansible filter: ``{{ pins | gpu_stacks_resolve(matrix, manifest, host, default) }}``."""
+    if PACKAGING_ERROR is not None:
+        raise AnsibleFilterError(
+            f"gpu_stacks_resolve needs the Python package packaging, a dependency of ansible-core: {PACKAGING_ERROR}"
+        )
     return resolve_stacks(pins, matrix, manifest, host, default)
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 DOCUMENTATION = r"""
 name: collection_path
-author: gpu-fleet maintainers
+author: gpu-fleet maintainers (!UNKNOWN)
 version_added: "0.9.0"
 short_description: Paths of data shipped in the gpu_fleet.tf_hosts collection
 description:

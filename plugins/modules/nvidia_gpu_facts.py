@@ -1,4 +1,6 @@
 #!/usr/bin/python
+# Copyright: gpu-fleet maintainers
+# Apache License 2.0 (see galaxy.yml)
 """Ansible module nvidia_gpu_facts: read-only NVIDIA GPU inventory from nvidia-smi and lspci."""
 
 from __future__ import annotations
@@ -8,8 +10,9 @@ DOCUMENTATION = r"""
 module: nvidia_gpu_facts
 short_description: Gather NVIDIA GPU, NVLink and NVSwitch facts from nvidia-smi and lspci
 description:
-  - Runs C(nvidia-smi --query-gpu=index,name,uuid,pci.bus_id,memory.total,compute_cap,driver_version,pcie.link.gen.current,pcie.link.gen.max,pcie.link.width.current,pcie.link.width.max,persistence_mode --format=csv,noheader,nounits),
-    C(nvidia-smi topo -m) and C(lspci -D -nn).
+  - "Runs C(nvidia-smi --query-gpu=index,name,uuid,pci.bus_id,memory.total,compute_cap,driver_version,\
+    pcie.link.gen.current,pcie.link.gen.max,pcie.link.width.current,pcie.link.width.max,persistence_mode \
+    --format=csv,noheader,nounits), C(nvidia-smi topo -m) and C(lspci -D -nn)."
   - Sets C(ansible_facts['gpu_facts']). Changes nothing on the host.
   - Works before the driver is installed. When nvidia-smi is missing or fails (driver not loaded, exit 9;
     C(No devices were found), exit 6) the GPUs are listed from the PCI bus instead (O(lspci_path)),
@@ -18,9 +21,9 @@ description:
     driver (a GPU that fell off the bus, or one bound to vfio-pci or nouveau).
   - Never fails because a tool is missing or fails. Fails only when a tool exits 0 but prints output this
     module cannot read, which means a new output format or a bug here.
-version_added: "1.0.0"
+version_added: "0.9.0"
 author:
-  - GPU provisioning project
+  - gpu-fleet maintainers (!UNKNOWN)
 requirements:
   - C(nvidia-smi) from the NVIDIA driver, for anything beyond PCI IDs. C(compute_cap) needs driver R510 or later.
   - C(lspci) from pciutils, for the PCI cross-check and the no-driver fallback.
@@ -272,7 +275,7 @@ ansible_facts:
 """
 
 import os  # noqa: E402  (imports follow the documentation blocks, as ansible-test validate-modules requires)
-from typing import TYPE_CHECKING, Any  # noqa: E402
+from typing import TYPE_CHECKING, Any, Optional  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 from ansible_collections.gpu_fleet.tf_hosts.plugins.module_utils.gpu_parsers import (  # noqa: E402
@@ -292,7 +295,7 @@ if TYPE_CHECKING:  # the module also runs on managed hosts with Python 3.8, wher
     # (exit status, stdout, stderr) of one command.
     Runner = Callable[[Sequence[str]], tuple[int, str, str]]
     # Name or path of a tool -> absolute path, or None when it is not there.
-    Finder = Callable[[str], str | None]
+    Finder = Callable[[str], Optional[str]]  # not str | None: pylint checks this file as Python 3.8
 
 PROC_DRIVER_VERSION = "/proc/driver/nvidia/version"
 EXIT_TIMED_OUT = 124  # what coreutils and busybox `timeout` return

@@ -429,7 +429,9 @@ def test_hardware_advice_exact_messages():
 
 
 def test_check_table_messages_and_names_agree():
-    running_order = "os disk noexec nouveau secure_boot kernel_headers installer_running gpus_busy mixed_models pcie_width nvlink"
+    running_order = (
+        "os disk noexec nouveau secure_boot kernel_headers installer_running gpus_busy mixed_models pcie_width nvlink"
+    )
     assert [name for name, _check, _scope in gpu_host.CHECKS] == running_order.split()
     assert {name for name, _check, _scope in gpu_host.CHECKS} == set(gpu_host.HOST_CHECKS)
     assert set(gpu_host.MESSAGES) == set(gpu_host.HOST_CHECKS) | {"skip_checks"}

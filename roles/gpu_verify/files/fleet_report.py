@@ -233,10 +233,10 @@ def multiworker_summary(hosts: dict[str, Any]) -> dict[str, Any] | None:
         return None
     chiefs = [(name, doc, info) for name, doc, info in workers if info.get("is_chief")]
     chief_name, chief_doc, chief_info = chiefs[0] if chiefs else (None, {}, {})
-    size = chief_info.get("workers") or max(int(info.get("workers") or 0) for _, _, info in workers)
+    size = chief_info.get("workers") or max(int(info.get("workers") or 0) for _name, _doc, info in workers)
     problems = [
         dict(p, host=name)
-        for name, doc, _ in workers
+        for name, doc, _info in workers
         for p in (_get(doc, "fit", "problems") or [])
         if isinstance(p, dict)
     ]
@@ -252,13 +252,13 @@ def multiworker_summary(hosts: dict[str, Any]) -> dict[str, Any] | None:
                 "fix": "every worker must run the check at the same time; see the failed hosts' rows",
             }
         )
-    passed = not problems and all(_get(doc, "fit", "ok") is True for _, doc, _ in workers)
+    passed = not problems and all(_get(doc, "fit", "ok") is True for _name, doc, _info in workers)
     return {
         "status": "PASS" if passed else "FAIL",
         "workers": size,
         "chief": chief_name,
         "cluster": chief_info.get("cluster") or [],
-        "reported": sorted(name for name, _, _ in workers),
+        "reported": sorted(name for name, _doc, _info in workers),
         "num_replicas_in_sync": _get(chief_doc, "fit", "num_replicas_in_sync"),
         "samples_per_second": _get(chief_doc, "fit", "samples_per_second"),
         "loss_start": _get(chief_doc, "fit", "loss_start"),
@@ -330,8 +330,8 @@ def _details(
 
 def format_text(report: dict[str, Any]) -> str:
     """Plain-text table (columns padded) with notes, causes and fixes below it."""
-    headers = [title for _, title in COLUMNS]
-    rows = [[row[key] for key, _ in COLUMNS] for row in _rows(report)]
+    headers = [title for _key, title in COLUMNS]
+    rows = [[row[key] for key, _title in COLUMNS] for row in _rows(report)]
     widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
     lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip()]
     lines.append("  ".join("-" * w for w in widths))
@@ -374,11 +374,11 @@ def format_markdown(report: dict[str, Any]) -> str:
         ),
         "",
         *([_md(multiworker_line(report["multiworker"])), ""] if report.get("multiworker") else []),
-        "| " + " | ".join(_md(t) for _, t in COLUMNS) + " |",
-        "|" + "|".join("---" for _ in COLUMNS) + "|",
+        "| " + " | ".join(_md(t) for _key, t in COLUMNS) + " |",
+        "|" + "|".join("---" for _column in COLUMNS) + "|",
     ]
     for row in _rows(report):
-        lines.append("| " + " | ".join(_md(row[k]) for k, _ in COLUMNS) + " |")
+        lines.append("| " + " | ".join(_md(row[k]) for k, _title in COLUMNS) + " |")
     notes, problems = _details(report)
     if notes:
         lines += ["", "## Notes", ""] + [f"- {_md(n)}" for n in notes]
@@ -407,10 +407,10 @@ def format_html(report: dict[str, Any]) -> str:
     row, then the notes and every problem with its fix."""
     esc = html.escape
     summary = report["summary"]
-    head = "".join(f"<th>{esc(t)}</th>" for _, t in COLUMNS)
+    head = "".join(f"<th>{esc(t)}</th>" for _key, t in COLUMNS)
     rows = []
     for row in _rows(report):
-        cells = "".join(f'<td class="{key}">{esc(str(row[key]))}</td>' for key, _ in COLUMNS)
+        cells = "".join(f'<td class="{key}">{esc(str(row[key]))}</td>' for key, _title in COLUMNS)
         rows.append(f'<tr class="{row["status"].lower()}">{cells}</tr>')
     notes, problems = _details(report)
     items = "".join(
