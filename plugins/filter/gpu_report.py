@@ -4,9 +4,9 @@
 document it printed, or a failed document naming why there is none (the script crashed, the venv
 is missing, ...).
 
-``gpu_verify_collect``: every host of the play -> ``{host: document}`` (``host:stack`` when a host
-has several stacks), with a failed document for hosts that failed or were unreachable before
-verification, so that the report lists every host.
+``gpu_verify_collect``: every host of the play -> ``{host: [document per stack]}``, with a document
+saying why there is none for a host that failed or was unreachable before verification, so that
+the report lists every host.
 """
 
 from __future__ import annotations
@@ -84,6 +84,37 @@ def gpu_du_bytes(lines: list[str]) -> dict[str, int]:
     return used
 
 
+# The connection Ansible uses when the inventory names none: ansible.builtin.ssh ("this connection
+# plugin ... (which is the default)",
+# https://docs.ansible.com/ansible/latest/collections/ansible/builtin/ssh_connection.html).
+DEFAULT_CONNECTION = "ssh"
+
+
+def _no_results(host: str, facts: Any, alive_hosts: list[str]) -> dict:
+    """The document of a host without ``gpu_verify_results``.
+
+    A host no longer in the play (``ansible_play_hosts``) was unreachable or failed a task before
+    verification: ``{"ok": false, "unreachable": true, "error", "connection"}``, ``error`` being
+    the host's ``gpu_verify_unreachable_reason`` (Ansible's message, when a play kept it) or None,
+    ``connection`` its ``ansible_connection``; fleet_report.py words the cause and the fix for that
+    connection.  A host still in the play did not run the verification (e.g. under --check before
+    the scripts were ever installed).
+    """
+    if host not in alive_hosts:
+        return {
+            "ok": False,
+            "unreachable": True,
+            "error": facts.get("gpu_verify_unreachable_reason") or None,
+            "connection": facts.get("ansible_connection") or DEFAULT_CONNECTION,
+        }
+    return _failed(
+        "The verification did not run on this host in this run (under --check it needs the scripts "
+        "installed by an earlier run without --check).",
+        "See this host's gpu_verify tasks in the run's output above; run playbooks/verify.yml without --check once.",
+        unreachable=False,
+    )
+
+
 def gpu_verify_collect(all_hosts: list[str], hostvars: Any, alive_hosts: list[str]) -> dict:
     """Gather ``gpu_verify_results`` of every host, with the preflight checks it overrode.
 
@@ -94,20 +125,17 @@ def gpu_verify_collect(all_hosts: list[str], hostvars: Any, alive_hosts: list[st
 
     Returns:
         ``{host: [document per stack]}``, the input of fleet_report.py; each document carries
-        ``preflight_overridden`` (gpu_preflight problems turned off by an override).
+        ``preflight_overridden`` (gpu_preflight problems turned off by an override).  A host
+        without results maps to one document instead of a list (:func:`_no_results`).
     """
-    report: dict[str, dict] = {}
+    report: dict[str, Any] = {}
     for host in all_hosts:
         facts = hostvars[host]
         results = facts.get("gpu_verify_results")
-        overridden = facts.get("gpu_preflight_overridden") or []
         if not results:
-            report[host] = _failed(
-                "The host failed or was unreachable before verification ran.",
-                "See the first failed task of this host above; fix it and rerun.",
-                unreachable=host not in alive_hosts,
-            )
+            report[host] = _no_results(host, facts, alive_hosts)
             continue
+        overridden = facts.get("gpu_preflight_overridden") or []
         report[host] = [dict(doc, preflight_overridden=overridden) for doc in results.values()]
     return report
 

@@ -5,7 +5,9 @@ runs it, a CUDA toolkit and a cuDNN release, plus the NVIDIA driver underneath (
 Users pin some of these in the inventory (``gpu_preflight_stacks``); everything left out is taken
 from the version matrix (``data/version_matrix.yml``, every row with its source) and the artifact
 manifest (``data/artifacts.yml`` plus overlays). Every problem is collected, not only the first, and
-each one names its cause and a concrete fix.
+each one names its cause and a concrete fix. Inputs are checked as they are read: a stack name safe in
+file names (:data:`NAME_PATTERN`), versions of the documented forms (:data:`VERSION_FORMS`), absolute
+paths, and a venv that is a folder of its own (:data:`SHARED_FOLDERS`, not in a CUDA toolkit tree).
 
 Sources of the rules applied here:
 
@@ -25,6 +27,7 @@ Exposed to Ansible as the filters ``gpu_stacks_resolve``, ``cudnn_header_version
 
 from __future__ import annotations
 
+import posixpath
 import re
 from typing import Any, NamedTuple
 
@@ -41,7 +44,48 @@ else:
 PIN_KEYS = ("name", "tensorflow", "cuda", "cudnn", "python", "package", "venv")
 DEFAULT_VENV_ROOT = "/opt/tensorflow"
 CUDA_ROOT_PREFIX = "/usr/local/cuda-"
+CUDA_LINK = "/usr/local/cuda"  # the default stack's link to its toolkit tree (cuda_toolkit role)
 HOST_WIDE = "-"  # the ``stack`` of a problem that belongs to the host, not to one stack
+
+# A stack name becomes part of file names, config files and JUnit class names: one safe word.
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+NAME_MAX = 64
+
+# The forms a version pin may take (``fullmatch``); ASCII digits only.
+VERSION_FORMS = {
+    "tensorflow": re.compile(r"[0-9]+\.[0-9]+(\.[0-9]+)?"),
+    "cuda": re.compile(r"[0-9]+\.[0-9]+(\.[0-9]+)?"),
+    "cudnn": re.compile(r"[0-9]+\.[0-9]+(\.[0-9]+){0,2}"),
+}
+
+# Folders a venv may not be: ``python -m venv DIR`` writes bin/, lib/, include/ and pyvenv.cfg
+# into DIR itself, among what the system (``/usr/bin/python3``), other software or the other
+# stacks (the default venv root) keep there. Compared normalised (``/usr/`` is ``/usr``, :func:`_normal_path`).
+# Below them is fine (``/opt/tf``, ``/srv/tf``); the CUDA toolkit trees are refused separately.
+SHARED_FOLDERS = frozenset(
+    (
+        "/",
+        "/bin",
+        "/boot",
+        "/dev",
+        "/etc",
+        "/home",
+        "/lib",
+        "/lib64",
+        "/opt",
+        "/proc",
+        "/root",
+        "/run",
+        "/sbin",
+        "/srv",
+        "/sys",
+        "/tmp",
+        "/usr",
+        "/usr/local",
+        "/var",
+        DEFAULT_VENV_ROOT,
+    )
+)
 
 Problem = dict[str, str]
 
@@ -57,6 +101,11 @@ class Message(NamedTuple):
 # Every problem and warning the resolver reports, by id. ``_problem`` is the only reader.
 MESSAGES: dict[str, Message] = {
     # One stack (resolve_stack).
+    "tensorflow_pin_invalid": Message(
+        "tensorflow",
+        "The tensorflow pin {pin!r} is not a version like 2.12 or 2.12.1.",
+        'Write it as X.Y or X.Y.Z, in quotes (tensorflow: "2.12"); the version matrix has TensorFlow {known}.',
+    ),
     "tensorflow_unknown": Message(
         "tensorflow",
         "TensorFlow {pin} is not in the version matrix.",
@@ -72,6 +121,12 @@ MESSAGES: dict[str, Message] = {
         "python",
         "TensorFlow {series} supports Python {supported}; {path} on this host is {found}.",
         "Point the stack's python at a Python {supported} interpreter, or {alternative}.",
+    ),
+    "cuda_pin_invalid": Message(
+        "cuda",
+        "The cuda pin {pin!r} is not a version like 11.8 or 11.8.0.",
+        'Write it as X.Y or X.Y.Z, in quotes (cuda: "{built}" for TensorFlow {series}), or leave cuda out to '
+        "take it from the matrix.",
     ),
     "cuda_other_major": Message(
         "cuda",
@@ -97,8 +152,9 @@ MESSAGES: dict[str, Message] = {
     ),
     "cudnn_pin_invalid": Message(
         "cudnn",
-        "cuDNN pin {pin!r} is not a version like 8.6 or 8.6.0.163.",
-        "Pin cuDNN {built} for TensorFlow {series}.",
+        "The cudnn pin {pin!r} is not a version like 8.6 or 8.6.0.163.",
+        'Write it as X.Y, X.Y.Z or X.Y.Z.B, in quotes (cudnn: "{built}" for TensorFlow {series}), or leave cudnn '
+        "out to take it from the matrix.",
     ),
     "cudnn_refused": Message(
         "cudnn",
@@ -139,6 +195,38 @@ MESSAGES: dict[str, Message] = {
         "Use only {allowed} (check the spelling).",
     ),
     "missing_key": Message("stacks", "The stack has no {key!r}.", "Give every item of gpu_preflight_stacks a {key!r}."),
+    "name_invalid": Message(
+        "stacks",
+        "Stack name {name!r} is not safe in file names, config files and JUnit class names.",
+        "Use up to 64 letters, digits, '.', '_' and '-', starting with a letter or digit (e.g. {suggestion!r}).",
+    ),
+    "name_not_text": Message(
+        "stacks",
+        "Stack name {name!r} is {kind}, not text.",
+        'Quote the name, and start it with a letter so that YAML keeps it text (e.g. name: "{suggestion}").',
+    ),
+    "venv_not_absolute": Message(
+        "venv",
+        "venv {venv!r} is not an absolute path.",
+        "Set venv: to an absolute path of its own (e.g. {suggestion}), or leave it out for {root}/X.Y.",
+    ),
+    "venv_shared_folder": Message(
+        "venv",
+        "venv {venv!r} is {folder}, a folder the system or other software shares; python -m venv would put its "
+        "bin/, lib/ and pyvenv.cfg among the files there.",
+        "Set venv: to a folder of its own (e.g. {suggestion}), or leave it out for {root}/X.Y.",
+    ),
+    "venv_in_cuda_toolkit": Message(
+        "venv",
+        "venv {venv!r} is inside {link} or {prefix}X.Y, the CUDA toolkit trees the CUDA installer owns.",
+        "Set venv: to a folder of its own (e.g. {suggestion}), or leave it out for {root}/X.Y.",
+    ),
+    "python_not_absolute": Message(
+        "python",
+        "python {python!r} is not an absolute path; which interpreter runs would depend on the PATH on the host.",
+        "Set python: to the interpreter's full path (e.g. /usr/bin/python3.11), or leave it out for "
+        "gpu_preflight_python.",
+    ),
     "duplicate_name": Message(
         "stacks", "Stack name {name!r} is used twice.", "Give every stack in gpu_preflight_stacks its own name."
     ),
@@ -166,9 +254,12 @@ MESSAGES: dict[str, Message] = {
     "shared_venv": Message(
         "venv",
         "Stacks {first} and {second} share the virtual environment {venv}.",
-        "Give each stack its own venv path.",
+        "Set venv: for one of them (e.g. venv: {suggestion} for {second}), so that each stack has its own.",
     ),
 }
+
+# ``{kind}`` of ``name_not_text``: what YAML read an unquoted name as (anything else: a list or dict).
+NOT_TEXT_KINDS = {bool: "a yes/no value", int: "a number", float: "a number"}
 
 # Stacks that share a CUDA X.Y share its toolkit tree and the cuDNN copied into it: the stack record
 # key compared, and the message when two stacks want different releases there.
@@ -182,7 +273,7 @@ def _problem(stack: str, message: str, /, *, check: str = "", **fields: Any) -> 
     A field missing from ``fields`` raises KeyError, so a typo cannot ship a half-filled message."""
     text = MESSAGES[message]
     return {
-        "stack": stack,
+        "stack": str(stack),
         "check": check or text.check,
         "cause": text.cause.format(**fields),
         "fix": text.fix.format(**fields),
@@ -228,6 +319,17 @@ def _range_text(series_list: list[str]) -> str:
     if not ordered:
         return "none"
     return ordered[0] if len(ordered) == 1 else f"{ordered[0]}-{ordered[-1]}"
+
+
+def _normal_path(path: str) -> str:
+    """'/usr/', '/usr/.' and '//usr' -> '/usr' (normpath keeps a leading '//'; Linux reads it as '/')."""
+    folder = posixpath.normpath(path)
+    return "/" + folder.lstrip("/") if folder.startswith("/") else folder
+
+
+def _well_formed(key: str, text: str) -> bool:
+    """True when ``text`` has one of the forms :data:`VERSION_FORMS` allows for the pin ``key``."""
+    return VERSION_FORMS[key].fullmatch(text) is not None
 
 
 def _int_parts(text: str) -> list[int]:
@@ -375,16 +477,39 @@ def _pick_cuda(name: str, cuda_pin: str, matrix: dict, manifest: dict) -> tuple[
     return record, problems
 
 
+def _resolve_cuda(
+    name: str, tf: dict, cuda_pin: str, matrix: dict, manifest: dict
+) -> tuple[dict | None, list[Problem]]:
+    """The stack's ``cuda_toolkit`` record, or None with the problems: a well-formed pin (its X.Y
+    names the toolkit tree, ``/usr/local/cuda-X.Y``) of the major TensorFlow was built with."""
+    if not _well_formed("cuda", cuda_pin):
+        return None, [_problem(name, "cuda_pin_invalid", pin=cuda_pin, series=tf["series"], built=tf["built_cuda"])]
+    problems = _check_cuda_major(name, tf, cuda_pin)
+    cuda, found = _pick_cuda(name, cuda_pin, matrix, manifest)
+    return cuda, problems + found
+
+
 def _check_cudnn_pin(name: str, tf: dict, cudnn_pin: str) -> list[Problem]:
-    """The pinned cuDNN must be one TensorFlow loads (:func:`cudnn_accepts`)."""
+    """The pinned cuDNN must be a version TensorFlow loads (:func:`cudnn_accepts`)."""
     built = tf["built_cudnn"]
     fields = {"series": tf["series"], "built": built}
-    parts = _int_parts(cudnn_pin)
-    if len(parts) < 2:
+    if not _well_formed("cudnn", cudnn_pin):
         return [_problem(name, "cudnn_pin_invalid", pin=cudnn_pin, **fields)]
-    if not cudnn_accepts(built, parts):
+    if not cudnn_accepts(built, _int_parts(cudnn_pin)):
         return [_problem(name, "cudnn_refused", pinned=_series(cudnn_pin), **fields)]
     return []
+
+
+def _resolve_cudnn(
+    name: str, tf: dict, cudnn_pin: str, cuda_pin: str, manifest: dict
+) -> tuple[dict | None, list[Problem]]:
+    """The stack's ``cudnn`` record, or None with the problems; none is picked for a malformed
+    cuDNN or CUDA pin (the archive is chosen by the CUDA major)."""
+    problems = _check_cudnn_pin(name, tf, cudnn_pin)
+    if not (_well_formed("cudnn", cudnn_pin) and _well_formed("cuda", cuda_pin)):
+        return None, problems
+    cudnn, found = _pick_cudnn(name, cudnn_pin, cuda_pin, manifest)
+    return cudnn, problems + found
 
 
 def _pick_cudnn(name: str, cudnn_pin: str, cuda_pin: str, manifest: dict) -> tuple[dict | None, list[Problem]]:
@@ -478,24 +603,25 @@ def resolve_stack(pin: dict, matrix: dict, manifest: dict, host: dict) -> dict:
         KeyError: when ``pin`` has no ``name`` or ``tensorflow`` (argument specs prevent this).
     """
     name = pin["name"]
-    tf_row = matrix["tensorflow"].get(_series(pin["tensorflow"]))
+    tf_pin = str(pin["tensorflow"])
+    tf_row = matrix["tensorflow"].get(_series(tf_pin)) if _well_formed("tensorflow", tf_pin) else None
     if tf_row is None:
         known = _range_text(list(matrix["tensorflow"]))
-        problems = [_problem(name, "tensorflow_unknown", pin=pin["tensorflow"], known=known)]
+        message = "tensorflow_unknown" if _well_formed("tensorflow", tf_pin) else "tensorflow_pin_invalid"
+        problems = [_problem(name, message, pin=tf_pin, known=known)]
         return {"ok": False, "stack": None, "problems": problems, "warnings": []}
     tf = _tensorflow_record(pin, tf_row)
     python = {"path": pin.get("python") or host["default_python"], "version": str(host.get("python_version", ""))}
     cuda_pin = str(pin.get("cuda") or tf["built_cuda"])
     cudnn_pin = str(pin.get("cudnn") or tf["built_cudnn"])
-    warnings = _warn_known_bad(name, tf, matrix) + _warn_cuda_minor(name, tf, cuda_pin)
+    warnings = _warn_known_bad(name, tf, matrix)
+    warnings += _warn_cuda_minor(name, tf, cuda_pin) if _well_formed("cuda", cuda_pin) else []
 
     # The steps run in this order, and report their problems in it.
     problems = _check_python(name, tf, tf_row, python["path"], python["version"], matrix)
-    problems += _check_cuda_major(name, tf, cuda_pin)
-    cuda, found = _pick_cuda(name, cuda_pin, matrix, manifest)
+    cuda, found = _resolve_cuda(name, tf, cuda_pin, matrix, manifest)
     problems += found
-    problems += _check_cudnn_pin(name, tf, cudnn_pin)
-    cudnn, found = _pick_cudnn(name, cudnn_pin, cuda_pin, manifest)
+    cudnn, found = _resolve_cudnn(name, tf, cudnn_pin, cuda_pin, manifest)
     problems += found
     problems += _check_driver(name, tf, cuda, str(host.get("driver_version") or ""), matrix)
     problems += _check_compute_capability(name, tf, tf_row, host.get("gpus"))
@@ -508,9 +634,14 @@ def resolve_stack(pin: dict, matrix: dict, manifest: dict, host: dict) -> dict:
 # --- all stacks of a host -------------------------------------------------------------------------
 
 
+def _label(index: int, pin: dict) -> str:
+    """The ``stack`` of a problem with one item of the list: its name, or ``stack #N`` without one."""
+    return str(pin.get("name") or "").strip() or f"stack #{index + 1}"
+
+
 def _check_pin_keys(index: int, pin: dict) -> list[Problem]:
     """Unknown keys (typos) and a missing ``name`` or ``tensorflow`` in one item of the list."""
-    label = str(pin.get("name") or f"stack #{index + 1}")
+    label = _label(index, pin)
     problems = []
     unknown = sorted(set(pin) - set(PIN_KEYS))
     if unknown:
@@ -520,16 +651,79 @@ def _check_pin_keys(index: int, pin: dict) -> list[Problem]:
     return problems
 
 
+def _safe_name(name: Any) -> bool:
+    """True for text of :data:`NAME_PATTERN`, at most :data:`NAME_MAX` characters."""
+    return isinstance(name, str) and len(name) <= NAME_MAX and NAME_PATTERN.fullmatch(name) is not None
+
+
+def _suggest_name(index: int, pin: dict) -> str:
+    """A safe name for the item: its own name when safe; else that name without spaces, other
+    unsafe characters as '-', no leading '.', '_' or '-', cut to 64; else ``tf<X.Y>`` or ``stack<N>``."""
+    name = pin.get("name")
+    if _safe_name(name):
+        return name
+    text = re.sub(r"[^A-Za-z0-9._-]+", "-", re.sub(r"\s+", "", name)) if isinstance(name, str) else ""
+    text = text.lstrip("._-")[:NAME_MAX].rstrip("-")
+    if text:
+        return text
+    tensorflow = str(pin.get("tensorflow") or "")
+    return f"tf{_series(tensorflow)}" if _well_formed("tensorflow", tensorflow) else f"stack{index + 1}"
+
+
+def _check_name(label: str, index: int, pin: dict) -> list[Problem]:
+    """The name is text, safe in file names, config files and JUnit class names (:data:`NAME_PATTERN`)."""
+    name = pin.get("name")
+    if not name or _safe_name(name):
+        return []  # a missing name is missing_key's
+    suggestion = _suggest_name(index, pin)
+    if isinstance(name, str):
+        return [_problem(label, "name_invalid", name=name, suggestion=suggestion)]
+    kind = NOT_TEXT_KINDS.get(type(name), "a list or dict")
+    return [_problem(label, "name_not_text", name=name, kind=kind, suggestion=suggestion)]
+
+
+def _check_venv_path(label: str, venv: str, suggestion: str) -> list[Problem]:
+    """An explicit venv is absolute, not a shared folder (:data:`SHARED_FOLDERS`), not in a CUDA tree."""
+    if not venv:
+        return []
+    fields = {"venv": venv, "suggestion": suggestion, "root": DEFAULT_VENV_ROOT}
+    if not venv.startswith("/"):
+        return [_problem(label, "venv_not_absolute", **fields)]
+    folder = _normal_path(venv)
+    if folder in SHARED_FOLDERS:
+        return [_problem(label, "venv_shared_folder", folder=folder, **fields)]
+    if folder == CUDA_LINK or folder.startswith((CUDA_LINK + "/", CUDA_ROOT_PREFIX)):
+        return [_problem(label, "venv_in_cuda_toolkit", link=CUDA_LINK, prefix=CUDA_ROOT_PREFIX, **fields)]
+    return []
+
+
+def _check_pin_values(index: int, pin: dict) -> list[Problem]:
+    """The name, and the paths of one item: ``venv`` and ``python`` absolute, the venv a folder of its own.
+
+    The version pins are checked where they are resolved (:func:`resolve_stack`)."""
+    label = _label(index, pin)
+    problems = _check_name(label, index, pin)
+    venv_suggestion = f"{DEFAULT_VENV_ROOT}/{_suggest_name(index, pin)}"
+    problems += _check_venv_path(label, str(pin.get("venv") or ""), venv_suggestion)
+    python = str(pin.get("python") or "")
+    if python and not python.startswith("/"):
+        problems.append(_problem(label, "python_not_absolute", python=python))
+    return problems
+
+
 def _check_pins(pins: list[dict]) -> list[Problem]:
     """The list itself: not empty, and every item well formed."""
     problems = [] if pins else [_problem(HOST_WIDE, "no_stacks")]
     for index, pin in enumerate(pins):
         problems += _check_pin_keys(index, pin)
+        problems += _check_pin_values(index, pin)
     return problems
 
 
-def _check_duplicate_names(names: list[str]) -> list[Problem]:
-    return [_problem(dup, "duplicate_name", name=dup) for dup in sorted({n for n in names if names.count(n) > 1})]
+def _check_duplicate_names(names: list[Any]) -> list[Problem]:
+    """Names compared as the text they become in file names (a YAML number 1 is "1")."""
+    texts = [str(n) for n in names]
+    return [_problem(dup, "duplicate_name", name=dup) for dup in sorted({t for t in texts if texts.count(t) > 1})]
 
 
 def _check_default(default: str, names: list[str]) -> list[Problem]:
@@ -583,18 +777,19 @@ def _check_shared_tree(stack: dict, other: dict) -> list[Problem]:
 
 
 def _check_side_by_side(stacks: list[dict]) -> list[Problem]:
-    """One toolkit tree per CUDA X.Y, one cuDNN per tree, one stack per venv."""
+    """One toolkit tree per CUDA X.Y, one cuDNN per tree, one stack per venv (explicit or the
+    default ``/opt/tensorflow/X.Y``, compared normalised: ``/srv/tf/`` is ``/srv/tf``)."""
     problems = []
     by_root: dict[str, dict] = {}
     by_venv: dict[str, str] = {}
     for stack in stacks:
         if stack["cuda_toolkit"]:
             problems += _check_shared_tree(stack, by_root.setdefault(stack["cuda_toolkit"]["root"], stack))
-        venv = stack["venv"]
+        venv = _normal_path(str(stack["venv"]))
         if venv in by_venv:
-            problems.append(
-                _problem(stack["name"], "shared_venv", first=by_venv[venv], second=stack["name"], venv=venv)
-            )
+            suggestion = f"{DEFAULT_VENV_ROOT}/{stack['name']}"
+            fields = {"first": by_venv[venv], "second": stack["name"], "venv": venv, "suggestion": suggestion}
+            problems.append(_problem(stack["name"], "shared_venv", **fields))
         by_venv.setdefault(venv, stack["name"])
     return problems
 
@@ -603,7 +798,8 @@ def resolve_stacks(pins: list[dict], matrix: dict, manifest: dict, host: dict, d
     """Resolve every stack of a host and check that they can live side by side.
 
     Args:
-        pins: list of stack pins (see :func:`resolve_stack`).
+        pins: list of stack pins (see :func:`resolve_stack`); each item's keys, name, venv and python
+            path are checked first (:func:`_check_pins`), its versions as it resolves.
         matrix, manifest: as for :func:`resolve_stack`.
         host: as for :func:`resolve_stack`, plus ``python_versions: {path: 'X.Y.Z'}`` giving the
             version of each stack's interpreter, and ``driver_install: bool`` (the driver is

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import copy
 import datetime
+import html
 import io
 import json
 import re
 import subprocess
 import sys
+import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +38,7 @@ HEADERS = [
     "disk GiB",
     "mode",
     "problems",
+    "not run",
 ]
 
 
@@ -161,7 +164,10 @@ def test_rows_show_loaded_versions_and_columns() -> None:
         "disk_gib": "6.50",
         "mode": "gpu",
         "problems": "",
+        "not_run": "",
+        "checks": {name: {"status": "pass", "passed": True, "reason": None} for name in fleet_report.CHECKS},
     }
+    assert list(row["checks"]) == list(fleet_report.CHECKS)
     assert report["generated_at"] == "2026-11-29T12:00:00Z" and report["run_id"] == "r1"
     assert report["summary"] == {"hosts": 5, "passed": 2, "failed": 3, "unreachable": 1}
 
@@ -241,7 +247,7 @@ def test_report_files(tmp_path: Path) -> None:
     assert md.startswith("# GPU fleet report — run 42")
     assert "| " + " | ".join(HEADERS) + " |" in md
     assert (
-        "| gpu01 (tf2.12) | PASS | 520.61.05 | 11.8 | 8.6.0 | 2.12.1 | 2/2 | 2 | - | 2.403→0.595 | 3.21 | 1234.6 | - | 6.50 | gpu |  |"
+        "| gpu01 (tf2.12) | PASS | 520.61.05 | 11.8 | 8.6.0 | 2.12.1 | 2/2 | 2 | - | 2.403→0.595 | 3.21 | 1234.6 | - | 6.50 | gpu |  |  |\n"
         in md
     )
     assert "/usr/lib/x \\| y" in md  # a pipe in a cause must not break the table
@@ -301,14 +307,18 @@ def test_html_is_self_contained_with_a_coloured_row_per_host():
 
 
 def test_junit_has_a_case_per_host_and_check_and_the_failure():
-    import xml.etree.ElementTree as ET
-
     suite = ET.fromstring(fleet_report.format_junit(_two_host_report()))
     cases = suite.findall("testcase")
-    assert len(cases) == 2 * len(fleet_report.JUNIT_CHECKS)
+    assert len(cases) == 2 * len(fleet_report.CHECKS)
     failed = [(c.get("classname"), c.get("name")) for c in cases if c.find("failure") is not None]
     assert failed == [("gpu02 (tf2.12)", "libcudnn")]
-    assert (suite.get("tests"), suite.get("failures")) == (str(len(cases)), "1")
+    assert not [c for c in cases if c.find("skipped") is not None]
+    assert (suite.get("tests"), suite.get("failures"), suite.get("errors"), suite.get("skipped")) == (
+        str(len(cases)),
+        "1",
+        "0",
+        "0",
+    )
 
 
 def test_peak_utilisation_per_gpu_in_the_notes():
@@ -321,3 +331,193 @@ def test_peak_utilisation_per_gpu_in_the_notes():
     )
     notes = fleet_report.build_report({"gpu01": [doc]}, None)["hosts"]["gpu01"]["mode_notes"]
     assert "peak per GPU during the fit: GPU 0 97% 30512 MiB, GPU 1 95% 30000 MiB" in notes
+
+
+# --- checks that did not run, hosts without a verification document -------------------------
+
+
+def _fit_not_run_docs() -> list[dict[str, Any]]:
+    """Documents whose fit did not run, otherwise passing (ok true, no problems): the worst case
+    for a report that would count a missing check as passed."""
+    no_section = passing_doc()
+    del no_section["fit"]
+    no_result = passing_doc()
+    no_result["fit"] = {"ok": None, "note": "fit not started"}
+    return [no_section, no_result]
+
+
+FIT_NOT_RUN_REASONS = ["no fit section in the result", "fit not started"]
+
+
+@pytest.mark.parametrize("doc, reason", list(zip(_fit_not_run_docs(), FIT_NOT_RUN_REASONS)))
+def test_fit_not_run_is_null_with_a_reason_in_json(tmp_path: Path, doc: dict[str, Any], reason: str) -> None:
+    source = tmp_path / "results.json"
+    source.write_text(json.dumps({"gpu01": [doc]}))
+    assert fleet_report.main(["--input", str(source), "--out-dir", str(tmp_path)], stdout=io.StringIO()) == 0
+    row = json.loads((tmp_path / "fleet-report.json").read_text())["hosts"]["gpu01"]["rows"][0]
+    assert row["checks"]["fit"] == {"status": "not run", "passed": None, "reason": reason}
+    assert row["not_run"] == "fit"
+    passed = {name for name, outcome in row["checks"].items() if outcome["passed"] is True}
+    assert passed == set(fleet_report.CHECKS) - {"fit"}
+
+
+@pytest.mark.parametrize("doc, reason", list(zip(_fit_not_run_docs(), FIT_NOT_RUN_REASONS)))
+def test_fit_not_run_is_skipped_in_junit(doc: dict[str, Any], reason: str) -> None:
+    suite = ET.fromstring(fleet_report.format_junit(fleet_report.build_report({"gpu01": [doc]}, None)))
+    fit = [c for c in suite.findall("testcase") if c.get("name") == "fit"]
+    assert len(fit) == 1 and fit[0].find("failure") is None
+    assert fit[0].find("skipped").get("message") == f"not run: {reason}"
+    passed = [c.get("name") for c in suite.findall("testcase") if len(c) == 0]
+    assert "fit" not in passed and len(passed) == len(fleet_report.CHECKS) - 1
+    assert (suite.get("tests"), suite.get("failures"), suite.get("skipped")) == (
+        str(len(fleet_report.CHECKS)),
+        "0",
+        "1",
+    )
+
+
+@pytest.mark.parametrize("doc, reason", list(zip(_fit_not_run_docs(), FIT_NOT_RUN_REASONS)))
+def test_fit_not_run_shows_in_markdown_html_and_text(doc: dict[str, Any], reason: str) -> None:
+    report = fleet_report.build_report({"gpu01": [doc]}, None)
+    md = fleet_report.format_markdown(report)
+    md_row = next(line for line in md.splitlines() if line.startswith("| gpu01 (tf2.12) |"))
+    assert md_row.endswith("| gpu |  | fit |")
+    assert f"- **gpu01 (tf2.12)** `fit`: not run: {reason}" in md.split("## Not run")[1]
+    page = fleet_report.format_html(report)
+    assert '<td class="not_run">fit</td>' in page
+    assert f"<li><b>gpu01 (tf2.12)</b> <code>fit</code>: not run: {html.escape(reason)}</li>" in page
+    text = fleet_report.format_text(report)
+    lines = text.splitlines()
+    header = re.split(r"\s{2,}", lines[0].strip())
+    assert header[-1] == "not run" and lines[2].split()[-1] == "fit"
+    assert f"  gpu01 (tf2.12) [fit]: not run: {reason}" in text.split("Not run:")[1]
+
+
+def _outcomes(doc: Any) -> dict[str, dict[str, Any]]:
+    return fleet_report.build_report({"h": [doc]}, None)["hosts"]["h"]["rows"][0]["checks"]
+
+
+def test_each_check_is_not_run_when_its_section_holds_no_result() -> None:
+    doc = passing_doc()
+    del doc["libraries"]["libcudnn"]
+    doc["tensorflow"] = {"version": None, "error": "TensorFlow information unavailable: the fit stopped"}
+    doc["expected"]["driver"] = None
+    outcomes = _outcomes(doc)
+    assert outcomes["libcudnn"] == {
+        "status": "not run",
+        "passed": None,
+        "reason": "no libraries.libcudnn in the result",
+    }
+    assert outcomes["tensorflow"]["status"] == "not run"
+    assert outcomes["tensorflow"]["reason"] == "TensorFlow information unavailable: the fit stopped"
+    assert outcomes["driver"]["status"] == "not run" and "no driver version pinned" in outcomes["driver"]["reason"]
+    assert [name for name, o in outcomes.items() if o["status"] == "pass"] == [
+        "gpu_count",
+        "libcuda",
+        "libcudart",
+        "fit",
+    ]
+
+
+def test_gpu_count_did_not_run_when_nvidia_smi_gave_no_list() -> None:
+    doc = passing_doc()
+    doc.update(ok=False, driver_version=None)
+    doc["gpus"].update(seen=0, driver_version=None, error="Driver/library version mismatch", ok=False)
+    doc["problems"] = [{"check": "driver", "cause": "Driver/library version mismatch: ...", "fix": "reboot"}]
+    outcomes = _outcomes(doc)
+    assert outcomes["gpu_count"]["status"] == "not run"
+    assert outcomes["gpu_count"]["reason"] == "nvidia-smi gave no GPU list: Driver/library version mismatch"
+    assert outcomes["driver"] == {"status": "fail", "passed": False, "reason": "Driver/library version mismatch: ..."}
+
+
+def test_a_problem_fails_its_check_and_optional_checks_follow_their_sections() -> None:
+    doc = passing_doc()
+    doc["scaling"] = {"ok": None, "note": "measured on logical CPU devices that share the same cores; not judged"}
+    doc["multiworker"] = {"workers": 2, "is_chief": True}
+    doc["fit"].update(ok=False)
+    doc.update(ok=False, problems=[{"check": "fit", "cause": "The fit did not finish within 45 s", "fix": "x"}])
+    outcomes = _outcomes(doc)
+    assert list(outcomes)[-2:] == ["multiworker", "scaling"]
+    assert outcomes["fit"] == {"status": "fail", "passed": False, "reason": "The fit did not finish within 45 s"}
+    assert outcomes["multiworker"]["status"] == "fail"
+    assert outcomes["scaling"]["status"] == "not run" and outcomes["scaling"]["reason"].endswith("not judged")
+    del doc["fit"]
+    doc.update(problems=[{"check": "libraries", "cause": "two CUDA majors", "fix": "x"}])
+    outcomes = _outcomes(doc)
+    assert outcomes["multiworker"] == {"status": "not run", "passed": None, "reason": "no fit section in the result"}
+    assert outcomes["libraries"]["status"] == "fail"
+
+
+@pytest.mark.parametrize("host", ["gpu03", "gpu04", "garbage"])
+def test_a_host_without_a_verification_document_is_one_failed_case(host: str) -> None:
+    results = dict(RESULTS, garbage="not an object")
+    report = fleet_report.build_report(results, None)
+    row = report["hosts"][host]["rows"][0]
+    assert list(row["checks"]) == ["verification"] and row["checks"]["verification"]["passed"] is False
+    assert row["not_run"] == "all"
+    suite = ET.fromstring(fleet_report.format_junit(report))
+    cases = [c for c in suite.findall("testcase") if c.get("classname") == host]
+    assert len(cases) == 1 and cases[0].get("name") == "verification"
+    failure = cases[0].find("failure")
+    assert failure is not None and failure.get("message") == report["hosts"][host]["problems"][0]["cause"]
+    assert "Fix: " in failure.text
+    assert [c for c in cases if c.find("failure") is None] == []
+
+
+def test_unreachable_host_in_junit_has_one_failure_with_the_reason_and_no_pass() -> None:
+    report = fleet_report.build_report({"gpu03": RESULTS["gpu03"]}, None)
+    suite = ET.fromstring(fleet_report.format_junit(report))
+    (case,) = suite.findall("testcase")
+    assert (case.get("classname"), case.get("name")) == ("gpu03", "verification")
+    failure = case.find("failure")
+    assert failure.get("type") == "unreachable"
+    assert failure.get("message") == "Host unreachable: ssh: connect to host gpu03 port 22: No route to host"
+    assert (suite.get("tests"), suite.get("failures"), suite.get("skipped")) == ("1", "1", "0")
+
+
+@pytest.mark.parametrize(
+    "connection, expected",
+    [
+        (None, "check SSH reachability and keys (`ssh gpu03`"),
+        ("ssh", "check SSH reachability and keys (`ssh gpu03`"),
+        ("containers.podman.podman", "check the container is running (`podman ps -a --filter name=gpu03`"),
+        ("podman", "check the container is running (`podman ps -a --filter name=gpu03`"),
+        ("community.docker.docker", "check the container is running (`docker ps -a --filter name=gpu03`"),
+        ("local", "the host is the controller itself (connection local)"),
+        ("winrm", "check that Ansible can connect to gpu03 over its winrm connection (`ansible -m ping gpu03`)"),
+    ],
+)
+def test_unreachable_fix_depends_on_the_connection(connection: str | None, expected: str) -> None:
+    doc = {"unreachable": True, "error": "boom", "connection": connection}
+    (problem,) = fleet_report.build_report({"gpu03": doc}, None)["hosts"]["gpu03"]["problems"]
+    assert problem["fix"].startswith(expected)
+    assert ("SSH" in problem["fix"]) == (connection in (None, "ssh"))
+
+
+def test_unreachable_without_a_message_says_so_instead_of_no_detail() -> None:
+    doc = {"ok": False, "unreachable": True, "error": None, "connection": "containers.podman.podman"}
+    report = fleet_report.build_report({"gpu-f3": doc}, None)
+    (problem,) = report["hosts"]["gpu-f3"]["problems"]
+    assert problem["cause"] == "Host unreachable or failed earlier in this run (see the run's output above)."
+    assert "podman ps -a --filter name=gpu-f3" in problem["fix"] and "SSH" not in problem["fix"]
+    for text in (fleet_report.format_text(report), fleet_report.format_markdown(report)):
+        assert "no detail" not in text and "unreachable or failed earlier in this run" in text
+
+
+def test_notes_name_the_host_once() -> None:
+    other = passing_doc()
+    other["stack"] = "tf2.15"
+    other["libraries"]["libcudart"]["path"] = "/usr/local/cuda-12.2/lib64/libcudart.so.12.2.140"
+    report = fleet_report.build_report(
+        {"gpu-f3": [passing_doc(), other], "gpu01": [dict(passing_doc(), mode_note="on CPUs")]}, None
+    )
+    outputs = [
+        fleet_report.format_text(report),
+        fleet_report.format_markdown(report),
+        fleet_report.format_html(report),
+    ]
+    for text in outputs:
+        assert "gpu-f3: gpu-f3" not in text
+        assert "gpu-f3 (tf2.12): loaded libcudart 11.8 /usr/local/cuda-11.8/lib64/libcudart.so.11.8.89" in text
+        assert "gpu-f3 (tf2.15): loaded libcudart 11.8 /usr/local/cuda-12.2/lib64/libcudart.so.12.2.140" in text
+        assert "gpu01: on CPUs" in text and "gpu01: loaded libcudart 11.8" in text

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 import sys
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "plugins" / "filter"))
+sys.path.insert(0, str(ROOT / "roles" / "gpu_verify" / "files"))
 
+import fleet_report
 import gpu_report
 
 
@@ -38,7 +41,37 @@ def test_collect_lists_every_host_with_stacks_and_overrides():
     report = gpu_report.gpu_verify_collect(["a", "b"], hostvars, ["a"])
     assert [d["ok"] for d in report["a"]] == [True, False]
     assert report["a"][0]["preflight_overridden"][0]["check"] == "noexec"
-    assert report["b"]["ok"] is False and report["b"]["unreachable"] is True
+    assert report["b"] == {"ok": False, "unreachable": True, "error": None, "connection": "ssh"}
+
+
+def test_collect_passes_the_connection_and_ansibles_message_of_a_host_that_left_the_play():
+    hostvars = {
+        "c1": {"ansible_connection": "containers.podman.podman"},
+        "c2": {"ansible_connection": "ssh", "gpu_verify_unreachable_reason": "ssh: connect to host c2: timed out"},
+        "up": {},
+    }
+    report = gpu_report.gpu_verify_collect(["c1", "c2", "up"], hostvars, ["up"])
+    assert (report["c1"]["connection"], report["c1"]["error"]) == ("containers.podman.podman", None)
+    assert (report["c2"]["connection"], report["c2"]["error"]) == ("ssh", "ssh: connect to host c2: timed out")
+    # still in the play but without results: its verification did not run; not called unreachable
+    assert report["up"]["unreachable"] is False and report["up"]["problems"][0]["check"] == "run"
+    assert report["up"]["problems"][0]["cause"].startswith("The verification did not run on this host")
+
+
+def test_collected_podman_host_gets_the_container_fix_and_one_failed_junit_case():
+    hostvars = {"gpu-f3": {"ansible_connection": "containers.podman.podman"}, "gpu-f4": {}}
+    report = fleet_report.build_report(gpu_report.gpu_verify_collect(["gpu-f3", "gpu-f4"], hostvars, []), None)
+    (podman,) = report["hosts"]["gpu-f3"]["problems"]
+    assert podman["cause"] == "Host unreachable or failed earlier in this run (see the run's output above)."
+    assert "`podman ps -a --filter name=gpu-f3`" in podman["fix"] and "SSH" not in podman["fix"]
+    assert "SSH reachability and keys" in report["hosts"]["gpu-f4"]["problems"][0]["fix"]
+    suite = ET.fromstring(fleet_report.format_junit(report))
+    assert [(c.get("classname"), c.get("name")) for c in suite.findall("testcase")] == [
+        ("gpu-f3", "verification"),
+        ("gpu-f4", "verification"),
+    ]
+    assert all(c.find("failure") is not None for c in suite.findall("testcase"))
+    assert (suite.get("tests"), suite.get("failures")) == ("2", "2")
 
 
 def test_missing_venv_names_it_and_the_playbook_to_run():

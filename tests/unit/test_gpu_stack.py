@@ -257,10 +257,11 @@ def test_cudnn_other_major_is_refused():
 
 def test_cudnn_pin_not_a_version():
     result = resolve({"name": "a", "tensorflow": "2.12", "cudnn": "eight"})
-    assert (
-        "a: cuDNN pin 'eight' is not a version like 8.6 or 8.6.0.163. Pin cuDNN 8.6 for TensorFlow 2.12."
-        in result["messages"]
-    )
+    # Only the pin's own problem: no archive is looked up for it.
+    assert result["messages"] == [
+        "a: The cudnn pin 'eight' is not a version like 8.6 or 8.6.0.163. Write it as X.Y, X.Y.Z or X.Y.Z.B, in "
+        'quotes (cudnn: "8.6" for TensorFlow 2.12), or leave cudnn out to take it from the matrix.'
+    ]
 
 
 def test_cuda_12_2_with_driver_525_is_refused():
@@ -387,7 +388,8 @@ def test_unknown_default_stack():
 def test_two_stacks_share_a_venv():
     result = resolve([{"name": "a", "tensorflow": "2.12"}, {"name": "b", "tensorflow": "2.12.0"}])
     assert result["messages"] == [
-        "b: Stacks a and b share the virtual environment /opt/tensorflow/2.12. Give each stack its own venv path."
+        "b: Stacks a and b share the virtual environment /opt/tensorflow/2.12. Set venv: for one of them "
+        "(e.g. venv: /opt/tensorflow/b for b), so that each stack has its own."
     ]
 
 
@@ -440,6 +442,223 @@ def test_cuda_release_without_min_driver_row():
         "Add it to data/version_matrix.yml from NVIDIA's CUDA release notes."
     ]
     assert result["stacks"][0]["cuda_toolkit"]["min_driver"] is None
+
+
+# --- bad inputs refused before anything resolves: names, version forms, paths ---------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "suggestion"),
+    [
+        ("tf 2.12", "tf2.12"),
+        ("a/b", "a-b"),
+        (".hidden", "hidden"),
+        ("-x", "x"),
+        ("_x", "x"),
+        ("tf:2.12", "tf-2.12"),
+        ("a" * 65, "a" * 64),
+    ],
+)
+def test_unsafe_stack_name_is_refused_with_a_suggestion(name, suggestion):
+    result = resolve({"name": name, "tensorflow": "2.12"})
+    assert not result["ok"]
+    assert result["messages"] == [
+        f"{name}: Stack name {name!r} is not safe in file names, config files and JUnit class names. Use up to 64 "
+        f"letters, digits, '.', '_' and '-', starting with a letter or digit (e.g. {suggestion!r})."
+    ]
+
+
+def test_stack_name_with_a_space():
+    result = resolve({"name": "tf 2.12", "tensorflow": "2.12"})
+    assert result["problems"] == [
+        {
+            "stack": "tf 2.12",
+            "check": "stacks",
+            "cause": "Stack name 'tf 2.12' is not safe in file names, config files and JUnit class names.",
+            "fix": "Use up to 64 letters, digits, '.', '_' and '-', starting with a letter or digit (e.g. 'tf2.12').",
+        }
+    ]
+
+
+def test_blank_stack_name_is_labelled_by_position_and_gets_a_name_from_tensorflow():
+    result = resolve([{"name": "a", "tensorflow": "2.12"}, {"name": "  ", "tensorflow": "2.13", "venv": "/srv/b"}])
+    assert result["messages"] == [
+        "stack #2: Stack name '  ' is not safe in file names, config files and JUnit class names. Use up to 64 "
+        "letters, digits, '.', '_' and '-', starting with a letter or digit (e.g. 'tf2.13')."
+    ]
+
+
+def test_empty_stack_name_is_only_a_missing_name():
+    result = resolve({"name": "", "tensorflow": "2.12"})
+    assert result["messages"] == [
+        "stack #1: The stack has no 'name'. Give every item of gpu_preflight_stacks a 'name'."
+    ]
+
+
+@pytest.mark.parametrize(("name", "kind"), [(2.12, "a number"), (True, "a yes/no value"), (["a"], "a list or dict")])
+def test_stack_name_that_is_not_text(name, kind):
+    result = resolve({"name": name, "tensorflow": "2.12"})
+    assert result["messages"] == [
+        f"{name}: Stack name {name!r} is {kind}, not text. Quote the name, and start it with a letter so that "
+        'YAML keeps it text (e.g. name: "tf2.12").'
+    ]
+
+
+@pytest.mark.parametrize("name", ["tf2.12", "TF_2.12-cpu", "2.12", "a" * 64])
+def test_safe_stack_names_resolve(name):
+    result = resolve({"name": name, "tensorflow": "2.12"})
+    assert result["ok"], result["messages"]
+    assert result["stacks"][0]["name"] == name
+
+
+def test_tensorflow_pin_not_a_version():
+    result = resolve({"name": "a", "tensorflow": "2.x"})
+    assert result["messages"] == [
+        "a: The tensorflow pin '2.x' is not a version like 2.12 or 2.12.1. Write it as X.Y or X.Y.Z, in quotes "
+        '(tensorflow: "2.12"); the version matrix has TensorFlow 2.4-2.21.'
+    ]
+    assert result["problems"][0]["check"] == "tensorflow"
+    assert result["stacks"] == []
+
+
+@pytest.mark.parametrize("pin", ["2.12.x", "2.12.1.5", "2", " 2.12", "2.12 ", "v2.12", "2.12.1rc0", "２.12"])
+def test_tensorflow_pins_of_other_forms_are_refused(pin):
+    # 2.12.x and 2.12.1.5 used to pass (their X.Y is in the matrix) and fail in pip later.
+    result = resolve({"name": "a", "tensorflow": pin})
+    assert result["messages"] == [
+        f"a: The tensorflow pin {pin!r} is not a version like 2.12 or 2.12.1. Write it as X.Y or X.Y.Z, in quotes "
+        '(tensorflow: "2.12"); the version matrix has TensorFlow 2.4-2.21.'
+    ]
+
+
+def test_cuda_pin_not_a_version():
+    # It used to crash the filter (int('eleven') when picking the cuDNN archive).
+    result = resolve({"name": "a", "tensorflow": "2.12", "cuda": "eleven"})
+    assert result["messages"] == [
+        "a: The cuda pin 'eleven' is not a version like 11.8 or 11.8.0. Write it as X.Y or X.Y.Z, in quotes "
+        '(cuda: "11.8" for TensorFlow 2.12), or leave cuda out to take it from the matrix.'
+    ]
+    stack = result["stacks"][0]
+    assert (stack["cuda_toolkit"], stack["cudnn"], result["warnings"]) == (None, None, [])
+
+
+@pytest.mark.parametrize("pin", ["11", "11.x", "11..8", "11.8.0.1", "11.8/../../etc"])
+def test_cuda_pins_of_other_forms_are_refused(pin):
+    result = resolve({"name": "a", "tensorflow": "2.12", "cuda": pin})
+    assert [p["check"] for p in result["problems"]] == ["cuda"]
+    assert result["problems"][0]["cause"] == f"The cuda pin {pin!r} is not a version like 11.8 or 11.8.0."
+
+
+@pytest.mark.parametrize("pin", ["8..6", "8", " 8.6", "8_6.1", "8.6.0.163.1", "8.6-1"])
+def test_cudnn_pins_of_other_forms_are_refused(pin):
+    result = resolve({"name": "a", "tensorflow": "2.12", "cudnn": pin})
+    assert result["messages"] == [
+        f"a: The cudnn pin {pin!r} is not a version like 8.6 or 8.6.0.163. Write it as X.Y, X.Y.Z or X.Y.Z.B, in "
+        'quotes (cudnn: "8.6" for TensorFlow 2.12), or leave cudnn out to take it from the matrix.'
+    ]
+
+
+@pytest.mark.parametrize(
+    "pins",
+    [
+        {"tensorflow": "2.12"},
+        {"tensorflow": "2.12.0"},
+        {"tensorflow": "2.12.1", "cuda": "11.8", "cudnn": "8.6"},
+        {"tensorflow": "2.12", "cuda": "11.8.0", "cudnn": "8.6.0"},
+        {"tensorflow": "2.12", "cudnn": "8.6.0.163"},
+        {"tensorflow": 2.12, "cuda": 11.8, "cudnn": 8.6},  # unquoted in YAML: read as numbers
+    ],
+)
+def test_well_formed_version_pins_still_resolve(pins):
+    result = resolve(dict({"name": "a"}, **pins))
+    assert result["ok"], result["messages"]
+    assert result["stacks"][0]["cuda_toolkit"]["root"] == "/usr/local/cuda-11.8"
+
+
+def test_relative_venv_is_refused():
+    result = resolve({"name": "tf2.12", "tensorflow": "2.12", "venv": "venvs/tf2.12"})
+    assert result["messages"] == [
+        "tf2.12: venv 'venvs/tf2.12' is not an absolute path. Set venv: to an absolute path of its own "
+        "(e.g. /opt/tensorflow/tf2.12), or leave it out for /opt/tensorflow/X.Y."
+    ]
+
+
+def test_venv_that_is_a_shared_folder_is_refused():
+    result = resolve({"name": "tf2.12", "tensorflow": "2.12", "venv": "/usr/"})
+    assert result["messages"] == [
+        "tf2.12: venv '/usr/' is /usr, a folder the system or other software shares; python -m venv would put its "
+        "bin/, lib/ and pyvenv.cfg among the files there. Set venv: to a folder of its own "
+        "(e.g. /opt/tensorflow/tf2.12), or leave it out for /opt/tensorflow/X.Y."
+    ]
+
+
+@pytest.mark.parametrize(
+    "venv", ["/", "/usr", "/etc", "/opt", "/var", "/home", "/usr/local", "/opt/tensorflow", "/opt/tensorflow/", "//"]
+)
+def test_every_shared_folder_is_refused_as_a_venv(venv):
+    result = resolve({"name": "a", "tensorflow": "2.12", "venv": venv})
+    assert [p["check"] for p in result["problems"]] == ["venv"]
+    assert "a folder the system or other software shares" in result["problems"][0]["cause"]
+
+
+@pytest.mark.parametrize(
+    "venv", ["/usr/local/cuda", "/usr/local/cuda/", "/usr/local/cuda/tf", "/usr/local/cuda-11.8/tf"]
+)
+def test_venv_inside_a_cuda_toolkit_tree_is_refused(venv):
+    result = resolve({"name": "a", "tensorflow": "2.12", "venv": venv})
+    assert result["messages"] == [
+        f"a: venv {venv!r} is inside /usr/local/cuda or /usr/local/cuda-X.Y, the CUDA toolkit trees the CUDA "
+        "installer owns. Set venv: to a folder of its own (e.g. /opt/tensorflow/a), or leave it out for "
+        "/opt/tensorflow/X.Y."
+    ]
+
+
+@pytest.mark.parametrize("venv", ["/srv/tf", "/opt/tf", "/opt/tensorflow/a", "/home/ml/venvs/tf2.12", "/usr/local/tf"])
+def test_venvs_of_their_own_resolve(venv):
+    result = resolve({"name": "a", "tensorflow": "2.12", "venv": venv})
+    assert result["ok"], result["messages"]
+    assert result["stacks"][0]["venv"] == venv
+
+
+def test_relative_python_is_refused():
+    result = resolve({"name": "a", "tensorflow": "2.12", "python": "python3.11"})
+    assert result["messages"] == [
+        "a: python 'python3.11' is not an absolute path; which interpreter runs would depend on the PATH on the host. "
+        "Set python: to the interpreter's full path (e.g. /usr/bin/python3.11), or leave it out for "
+        "gpu_preflight_python."
+    ]
+
+
+def test_absolute_python_resolves():
+    result = resolve({"name": "a", "tensorflow": "2.12", "python": "/usr/bin/python3.11"})
+    assert result["ok"], result["messages"]
+    assert result["stacks"][0]["python"]["path"] == "/usr/bin/python3.11"
+
+
+def test_explicit_venv_equal_to_another_stacks_default_is_refused():
+    result = resolve(
+        [{"name": "a", "tensorflow": "2.12"}, {"name": "b", "tensorflow": "2.13", "venv": "/opt/tensorflow/2.12/"}]
+    )
+    assert result["messages"] == [
+        "b: Stacks a and b share the virtual environment /opt/tensorflow/2.12. Set venv: for one of them "
+        "(e.g. venv: /opt/tensorflow/b for b), so that each stack has its own."
+    ]
+
+
+def test_two_stacks_with_their_own_venvs_resolve():
+    result = resolve([{"name": "a", "tensorflow": "2.12"}, {"name": "b", "tensorflow": "2.12.0", "venv": "/srv/b"}])
+    assert result["ok"], result["messages"]
+    assert [s["venv"] for s in result["stacks"]] == ["/opt/tensorflow/2.12", "/srv/b"]
+
+
+def test_bad_inputs_of_one_stack_are_reported_together():
+    result = resolve({"name": "tf 2.12", "tensorflow": "2.12", "cuda": "11.x", "venv": "tf", "python": "python3"})
+    assert [p["check"] for p in result["problems"]] == ["stacks", "venv", "python", "cuda"]
+    assert {p["stack"] for p in result["problems"]} == {"tf 2.12"}
+
+
+def test_problem_stack_is_text():
+    assert gpu_stack._problem(2.12, "duplicate_name", name=2.12)["stack"] == "2.12"
 
 
 # --- helpers ------------------------------------------------------------------------------------

@@ -345,6 +345,16 @@ def test_a_run_that_stops_early_leaves_no_stale_report(tmp_path_factory, fault_r
             "gpu_verify_fit_learning_rate is nan; it must be a finite number above 0",
         ),
         ("gpu_verify_scaling_threshold", "1.5", "gpu_verify_scaling_threshold is 1.5; it must be a fraction above 0"),
+        (
+            "gpu_verify_expected_gpu_count",
+            "0",
+            "gpu_verify_expected_gpu_count is 0; it must be a whole number of GPUs of at least 1",
+        ),
+        (
+            "gpu_verify_expected_gpu_count",
+            "-2",
+            "gpu_verify_expected_gpu_count is -2; it must be a whole number of GPUs of at least 1",
+        ),
     ],
 )
 def test_bad_verification_options_stop_before_anything_runs(tmp_path_factory, option, value, message):

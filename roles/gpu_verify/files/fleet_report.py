@@ -6,24 +6,50 @@ Each value is one of
 
 * a ``gpu_verify.py`` document (schema 1),
 * a list of such documents (one per TensorFlow stack/venv on that host), shown one row each,
-* ``{"unreachable": true, "error": "..."}`` for a host Ansible could not reach,
+* ``{"unreachable": true, "error": "...", "connection": "..."}`` for a host that left the play
+  before verification (unreachable, or failed an earlier task): ``error`` is Ansible's message
+  when there is one, ``connection`` its ``ansible_connection`` (default ssh), which picks the fix
+  (:data:`UNREACHABLE_FIXES`),
 * ``{"ok": false, "problems": [{"check", "cause", "fix"}]}`` for a host whose verification could
   not run.
+
+Checks.  Every row (one per host and stack) answers the checks ``gpu_count``, ``driver``,
+``libcuda``, ``libcudart``, ``libcudnn``, ``tensorflow``, ``fit``, then ``multiworker`` and
+``scaling`` when the document has those sections, then any other check a problem names.  Each is
+``pass``, ``fail`` or ``not run``: a check a problem names failed; otherwise it ran only if its
+section of the document holds a result (``gpus`` with a count; a driver version and a pin or the
+kernel module's version to compare it with; ``libraries.<name>``; a TensorFlow version; ``fit``
+with ``ok`` true or false; ``scaling`` with ``ok`` true or false; ``multiworker`` follows the
+fit).  A check that did not run is never reported as passed.  A result without a verification
+document (no ``schema``, ``gpus``, ``libraries``, ``tensorflow`` or ``fit``: unreachable, failed
+before verification, not an object) has exactly one check, ``verification``, failed with the
+reason; its other checks are omitted everywhere (the tables' not-run cell reads ``all``).  A
+row's status stays gpu_verify's verdict (``ok`` and no problems): a PASS row may list checks that
+did not run (the scaling figure on logical CPU devices, a driver without a pin), never as passed.
 
 Output:
 
 * ``<out-dir>/fleet-report.json``: ``{"generated_at": ISO 8601 UTC, "run_id", "hosts": {host:
-  {"status": "PASS"|"FAIL", "rows": [row, ...], "problems": [...], "results": [doc, ...]}},
-  "multiworker": null or {"status", "workers", "chief", ...} (see :func:`multiworker_summary`),
-  "summary": {"hosts", "passed", "failed", "unreachable"}}``; a host passes only if every stack on
-  it passed.
-* ``<out-dir>/fleet-report.md``: the same table in Markdown, with every cause and fix below it.
+  {"status": "PASS"|"FAIL", "unreachable": bool, "rows": [row, ...], "problems": [...],
+  "mode_notes": [...], "results": [doc, ...]}}, "multiworker": null or {"status", "workers",
+  "chief", ...} (see :func:`multiworker_summary`), "summary": {"hosts", "passed", "failed",
+  "unreachable"}}``; a host passes only if every stack on it passed.  A row holds the table's
+  cells (strings; ``not_run`` lists the checks that did not run) and ``checks``: ``{check:
+  {"status": "pass"|"fail"|"not run", "passed": true|false|null, "reason": str|null}}``, where
+  ``passed`` is null and ``reason`` says why for a check that did not run, and ``reason`` is the
+  first cause for a failed one.
+* ``<out-dir>/fleet-report.md``: the same table in Markdown, then the notes, every check that did
+  not run with its reason (``not run: ...``) and every cause and fix.
 * ``<out-dir>/fleet-report.html``: a self-contained page (inline CSS, no scripts) with the table,
-  each row coloured by pass/fail, then the notes and every cause and fix.
-* ``<out-dir>/fleet-report.junit.xml``: JUnit XML, one test case per host (row) and check
-  (``gpu_count``, ``driver``, ``libcuda``, ``libcudart``, ``libcudnn``, ``tensorflow``, ``fit``,
-  and any other check a problem names), for CI dashboards.
-* stdout: the table as plain text, causes and fixes below it.
+  each row coloured by pass/fail, then the notes, the checks that did not run and every cause
+  and fix.
+* ``<out-dir>/fleet-report.junit.xml``: JUnit XML for CI dashboards, one test suite with one test
+  case per row and check (classname the row, name the check): passed, ``<failure>`` or
+  ``<skipped message="not run: <reason>"/>``; a row without a verification document is the one
+  failed case ``verification``.  The suite counts ``tests``, ``failures``, ``errors`` (0) and
+  ``skipped``.
+* stdout: the table as plain text, then the notes, the checks that did not run and every cause
+  and fix.
 
 Versions shown are the ones really loaded (libraries' decoded versions, nvidia-smi's driver),
 not the pins.  Times are seconds; throughput is samples/s.
@@ -65,6 +91,7 @@ COLUMNS = (
     ("disk_gib", "disk GiB"),
     ("mode", "mode"),
     ("problems", "problems"),
+    ("not_run", "not run"),
 )
 PROBLEMS_CELL_WIDTH = 40
 
@@ -88,7 +115,42 @@ def _num(value: Any, digits: int) -> str:
     return f"{value:.{digits}f}"
 
 
-def host_problems(doc: Any) -> list[dict[str, str]]:
+# What to check when Ansible could not reach a host, by its ``ansible_connection``.
+UNREACHABLE_FIXES = {
+    "ssh": "check SSH reachability and keys (`ssh {host}` as the inventory's ansible_user, then "
+    "`ansible -m ping {host}`) and that the host is up, then rerun",
+    "paramiko": "check SSH reachability and keys (`ansible -m ping {host}`) and that the host is up, then rerun",
+    "containers.podman.podman": "check the container is running (`podman ps -a --filter name={host}`; "
+    "`podman start {host}` if it stopped), then rerun",
+    "podman": "check the container is running (`podman ps -a --filter name={host}`; "
+    "`podman start {host}` if it stopped), then rerun",
+    "community.docker.docker": "check the container is running (`docker ps -a --filter name={host}`; "
+    "`docker start {host}` if it stopped), then rerun",
+    "docker": "check the container is running (`docker ps -a --filter name={host}`; "
+    "`docker start {host}` if it stopped), then rerun",
+    "local": "the host is the controller itself (connection local): fix the first task that failed on it, then rerun",
+}
+UNREACHABLE_FIX_OTHER = (
+    "check that Ansible can connect to {host} over its {connection} connection (`ansible -m ping {host}`), then rerun"
+)
+UNREACHABLE_NO_MESSAGE = "unreachable or failed earlier in this run (see the run's output above)"
+
+
+def unreachable_problem(doc: dict[str, Any], host: str) -> dict[str, str]:
+    """The one problem of a host that left the play before verification: Ansible's message when the
+    input carries it (``error``), the fix for its ``connection`` (default ssh)."""
+    connection = str(doc.get("connection") or "ssh")
+    fix = UNREACHABLE_FIXES.get(connection, UNREACHABLE_FIX_OTHER).format(host=host, connection=connection)
+    if doc.get("error"):
+        return {"check": "unreachable", "cause": f"Host unreachable: {doc['error']}", "fix": fix}
+    return {
+        "check": "unreachable",
+        "cause": f"Host {UNREACHABLE_NO_MESSAGE}.",
+        "fix": f"find this host's first failed or unreachable task in the run's output; if it was unreachable, {fix}",
+    }
+
+
+def host_problems(doc: Any, host: str = "<host>") -> list[dict[str, str]]:
     """The problems of one host result, synthesising one where the result does not explain
     itself (unreachable, not an object, failed without a list)."""
     if not isinstance(doc, dict):
@@ -100,13 +162,7 @@ def host_problems(doc: Any) -> list[dict[str, str]]:
             }
         ]
     if doc.get("unreachable"):
-        return [
-            {
-                "check": "unreachable",
-                "cause": f"Host unreachable: {doc.get('error') or 'no detail'}",
-                "fix": "check SSH access and that the host is up (`ansible -m ping <host>`), then rerun",
-            }
-        ]
+        return [unreachable_problem(doc, host)]
     problems = [p for p in doc.get("problems") or [] if isinstance(p, dict)]
     if not problems and doc.get("ok") is not True:
         problems = [
@@ -150,6 +206,127 @@ def row_facts(doc: Any) -> list[str]:
     return notes
 
 
+PASS, FAIL, NOT_RUN = "pass", "fail", "not run"
+# The checks every verification document answers, in report order; ``multiworker`` and ``scaling``
+# follow when the document has their section, then any other check a problem names.
+CHECKS = ("gpu_count", "driver", "libcuda", "libcudart", "libcudnn", "tensorflow", "fit")
+OPTIONAL_CHECKS = ("multiworker", "scaling")
+# A result with none of these keys is no verification document (unreachable, failed early).
+DOCUMENT_KEYS = ("schema", "gpus", "libraries", "tensorflow", "fit")
+NO_DOCUMENT_CHECK = "verification"
+
+
+def has_document(doc: Any) -> bool:
+    """Whether a host result is a gpu_verify.py document (its checks ran or were tried)."""
+    return isinstance(doc, dict) and not doc.get("unreachable") and any(key in doc for key in DOCUMENT_KEYS)
+
+
+def _gpu_count_outcome(doc: Any, _outcomes: dict[str, Any]) -> tuple[str, str | None]:
+    gpus = _get(doc, "gpus")
+    if not isinstance(gpus, dict):
+        return NOT_RUN, "no gpus section in the result"
+    if gpus.get("error"):
+        return NOT_RUN, f"nvidia-smi gave no GPU list: {gpus['error']}"
+    if isinstance(gpus.get("seen"), bool) or not isinstance(gpus.get("seen"), int):
+        return NOT_RUN, "the gpus section holds no count"
+    return PASS, None
+
+
+def _driver_outcome(doc: Any, _outcomes: dict[str, Any]) -> tuple[str, str | None]:
+    if not (_get(doc, "driver_version") or _get(doc, "gpus", "driver_version")):
+        return NOT_RUN, "nvidia-smi reported no driver version"
+    expected = _get(doc, "expected")
+    if isinstance(expected, dict) and not expected.get("driver") and not _get(doc, "gpus", "module_version"):
+        return NOT_RUN, "no driver version pinned and the loaded kernel module's version unknown: nothing to compare"
+    return PASS, None
+
+
+def _library_outcome(key: str) -> Any:
+    def outcome(doc: Any, _outcomes: dict[str, Any]) -> tuple[str, str | None]:
+        record = _get(doc, "libraries", key)
+        if not isinstance(record, dict):
+            return NOT_RUN, f"no libraries.{key} in the result"
+        if record.get("ok") is False:
+            return FAIL, record.get("error") or f"{key} did not load"
+        if record.get("ok") is True or record.get("version"):
+            return PASS, None
+        return NOT_RUN, f"libraries.{key} holds no result"
+
+    return outcome
+
+
+def _tensorflow_outcome(doc: Any, _outcomes: dict[str, Any]) -> tuple[str, str | None]:
+    info = _get(doc, "tensorflow")
+    if isinstance(info, dict) and info.get("version"):
+        return PASS, None
+    return NOT_RUN, _get(doc, "tensorflow", "error") or "no TensorFlow version in the result"
+
+
+def _fit_outcome(doc: Any, _outcomes: dict[str, Any]) -> tuple[str, str | None]:
+    fit = _get(doc, "fit")
+    if not isinstance(fit, dict):
+        return NOT_RUN, "no fit section in the result"
+    if fit.get("skipped") or not isinstance(fit.get("ok"), bool):
+        return NOT_RUN, fit.get("reason") or fit.get("note") or fit.get("error") or "the fit section holds no result"
+    return (PASS, None) if fit["ok"] else (FAIL, fit.get("error") or "the fit reported a failure")
+
+
+def _multiworker_outcome(_doc: Any, outcomes: dict[str, Any]) -> tuple[str, str | None]:
+    """The multi-worker check is this worker's fit under MultiWorkerMirroredStrategy."""
+    fit = outcomes["fit"]
+    if fit["status"] == FAIL:
+        return FAIL, f"the multi-worker fit failed: {fit['reason']}"
+    return fit["status"], fit["reason"]
+
+
+def _scaling_outcome(doc: Any, _outcomes: dict[str, Any]) -> tuple[str, str | None]:
+    ok = _get(doc, "scaling", "ok")
+    if ok is True:
+        return PASS, None
+    if ok is False:
+        return FAIL, _get(doc, "scaling", "error") or "the scaling check reported a failure"
+    return NOT_RUN, _get(doc, "scaling", "note") or "the scaling section holds no result"
+
+
+# check -> (doc, outcomes so far) -> (status, reason) when no problem names the check.
+OUTCOMES = {
+    "gpu_count": _gpu_count_outcome,
+    "driver": _driver_outcome,
+    "libcuda": _library_outcome("libcuda"),
+    "libcudart": _library_outcome("libcudart"),
+    "libcudnn": _library_outcome("libcudnn"),
+    "tensorflow": _tensorflow_outcome,
+    "fit": _fit_outcome,
+    "multiworker": _multiworker_outcome,
+    "scaling": _scaling_outcome,
+}
+
+
+def _outcome(status: str, reason: str | None) -> dict[str, Any]:
+    return {"status": status, "passed": {PASS: True, FAIL: False}.get(status), "reason": reason}
+
+
+def check_outcomes(doc: Any, problems: list[dict[str, str]]) -> dict[str, dict[str, Any]]:
+    """``{check: {"status": "pass"|"fail"|"not run", "passed": true|false|null, "reason"}}`` for one
+    result: a check a problem names failed (reason: its cause); otherwise its section of the
+    document decides (:data:`OUTCOMES`), and a check whose section is missing or holds no result
+    did not run.  A result without a verification document has the one failed check
+    ``verification`` (its other checks are not listed)."""
+    if not has_document(doc):
+        return {NO_DOCUMENT_CHECK: _outcome(FAIL, str(problems[0].get("cause")) if problems else None)}
+    names = list(CHECKS) + [name for name in OPTIONAL_CHECKS if isinstance(doc.get(name), dict)]
+    names += sorted({str(p.get("check")) for p in problems} - set(names))
+    outcomes: dict[str, dict[str, Any]] = {}
+    for name in names:
+        failing = [p for p in problems if str(p.get("check")) == name]
+        if failing:
+            outcomes[name] = _outcome(FAIL, str(failing[0].get("cause")))
+        else:
+            # every name without a problem is in OUTCOMES: the others come from the problems
+            outcomes[name] = _outcome(*OUTCOMES[name](doc, outcomes))
+    return outcomes
+
+
 def _hosts(count: int) -> str:
     return f"{count} host" + ("" if count == 1 else "s")
 
@@ -161,23 +338,28 @@ def _disk_gib(used: Any) -> str:
     return f"{sum(int(v) for v in used.values()) / 1024**3:.2f}"
 
 
+def _cell(names: list[str]) -> str:
+    """Check names for the problems / not-run columns, cut to :data:`PROBLEMS_CELL_WIDTH`."""
+    cell = ", ".join(names)
+    return cell[: PROBLEMS_CELL_WIDTH - 1] + "…" if len(cell) > PROBLEMS_CELL_WIDTH else cell
+
+
 def build_row(host: str, doc: Any) -> dict[str, Any]:
-    """One table row (strings) plus ``status`` for a host's result document."""
-    problems = host_problems(doc)
+    """One table row (strings), ``status`` and ``checks`` (:func:`check_outcomes`) for a host's
+    result document."""
+    problems = host_problems(doc, host)
     passed = isinstance(doc, dict) and doc.get("ok") is True and not problems
     stack = _get(doc, "stack")
     gpus = _get(doc, "gpus") or {}
     expected = gpus.get("expected", _get(doc, "expected", "gpus")) if isinstance(gpus, dict) else None
     seen = gpus.get("seen") if isinstance(gpus, dict) else None
     loss_start, loss_end = _get(doc, "fit", "loss_start"), _get(doc, "fit", "loss_end")
-    checks = sorted({str(p.get("check")) for p in problems})
-    problems_cell = ", ".join(checks) if checks else ""
-    if len(problems_cell) > PROBLEMS_CELL_WIDTH:
-        problems_cell = problems_cell[: PROBLEMS_CELL_WIDTH - 1] + "…"
     loss = "-"
     if loss_start is not None or loss_end is not None:
         loss = f"{_num(loss_start, 3)}→{_num(loss_end, 3)}"
     replicas = _get(doc, "fit", "num_replicas_in_sync")
+    checks = check_outcomes(doc, problems)
+    not_run = [name for name, outcome in checks.items() if outcome["status"] == NOT_RUN]
     return {
         "host": f"{host} ({stack})" if stack else host,
         "status": "PASS" if passed else "FAIL",
@@ -194,8 +376,18 @@ def build_row(host: str, doc: Any) -> dict[str, Any]:
         "efficiency": _num(_get(doc, "scaling", "efficiency"), 2),
         "disk_gib": _disk_gib(_get(doc, "disk_used_bytes")),
         "mode": (_get(doc, "mode") or "-") + (" fp16" if _get(doc, "fit", "mixed_precision") else ""),
-        "problems": ("TIMED OUT " if _get(doc, "fit", "timed_out") else "") + problems_cell,
+        "problems": ("TIMED OUT " if _get(doc, "fit", "timed_out") else "")
+        + _cell(sorted({str(p.get("check")) for p in problems})),
+        "not_run": _cell(not_run) if has_document(doc) else "all",
+        "checks": checks,
         "_problems": problems,
+        **_row_notes(doc),
+    }
+
+
+def _row_notes(doc: Any) -> dict[str, Any]:
+    """The private (not in the JSON rows) note fields of a row."""
+    return {
         "_mode_note": _get(doc, "mode_note"),
         "_utilisation": None if _get(doc, "mode") == "cpu-replicas" else _utilisation_note(_get(doc, "utilisation")),
         "_facts": row_facts(doc),
@@ -320,12 +512,29 @@ def _rows(report: dict[str, Any]) -> list[dict[str, str]]:
     return [row for host in report["hosts"].values() for row in host["rows"]]
 
 
+def _note_line(name: str, host: dict[str, Any], note: str) -> str:
+    """A host's note for the text, Markdown and HTML reports, led by the host name once: a note of
+    one stack on a host with several already starts with that row's label (``gpu-f3 (tf2.12): ``)."""
+    labels = {row["host"] for row in host["rows"]} if len(host["rows"]) > 1 else set()
+    if note.partition(": ")[0] in labels:
+        return note
+    return f"{name}: {note}"
+
+
 def _details(
     report: dict[str, Any],
-) -> tuple[list[str], list[tuple[str, dict[str, str]]]]:
-    notes = [f"{name}: {note}" for name, host in report["hosts"].items() for note in host["mode_notes"]]
+) -> tuple[list[str], list[tuple[str, dict[str, str]]], list[tuple[str, str, str]]]:
+    """The notes, the problems as ``(row label, problem)`` and the checks that did not run as
+    ``(row label, check, reason)``."""
+    notes = [_note_line(name, host, note) for name, host in report["hosts"].items() for note in host["mode_notes"]]
     problems = [(p.get("stack", name), p) for name, host in report["hosts"].items() for p in host["problems"]]
-    return notes, problems
+    not_run = [
+        (row["host"], check, outcome["reason"] or "no reason given")
+        for row in _rows(report)
+        for check, outcome in row["checks"].items()
+        if outcome["status"] == NOT_RUN
+    ]
+    return notes, problems, not_run
 
 
 def format_text(report: dict[str, Any]) -> str:
@@ -345,9 +554,11 @@ def format_text(report: dict[str, Any]) -> str:
     )
     if report.get("multiworker"):
         lines.append(multiworker_line(report["multiworker"]))
-    notes, problems = _details(report)
+    notes, problems, not_run = _details(report)
     if notes:
         lines += ["", "Notes:"] + [f"  {n}" for n in notes]
+    if not_run:
+        lines += ["", "Not run:"] + [f"  {where} [{check}]: not run: {reason}" for where, check, reason in not_run]
     if problems:
         lines += ["", "Problems:"]
         for where, p in problems:
@@ -379,9 +590,12 @@ def format_markdown(report: dict[str, Any]) -> str:
     ]
     for row in _rows(report):
         lines.append("| " + " | ".join(_md(row[k]) for k, _title in COLUMNS) + " |")
-    notes, problems = _details(report)
+    notes, problems, not_run = _details(report)
     if notes:
         lines += ["", "## Notes", ""] + [f"- {_md(n)}" for n in notes]
+    if not_run:
+        lines += ["", "## Not run", ""]
+        lines += [f"- **{_md(where)}** `{_md(check)}`: not run: {_md(reason)}" for where, check, reason in not_run]
     if problems:
         lines += ["", "## Problems", ""]
         for where, p in problems:
@@ -390,15 +604,13 @@ def format_markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-# One JUnit test case per host and check; a check absent from a host's problems passed.
-JUNIT_CHECKS = ("gpu_count", "driver", "libcuda", "libcudart", "libcudnn", "tensorflow", "fit")
 HTML_STYLE = (
     "body{font-family:sans-serif;margin:1.5em}table{border-collapse:collapse}"
     "th,td{border:1px solid #bbb;padding:.3em .6em;text-align:left}th{background:#eee}"
     "tr.pass td.status{background:#c8f0c8}tr.fail td.status{background:#f6c4c4}"
     "tr.fail{background:#fff4f4}li{margin:.3em 0}"
     "p#multiworker{padding:.3em .6em;display:inline-block}p#multiworker.pass{background:#c8f0c8}"
-    "p#multiworker.fail{background:#f6c4c4}"
+    "p#multiworker.fail{background:#f6c4c4}td.not_run{color:#7a5c00}"
 )
 
 
@@ -412,11 +624,15 @@ def format_html(report: dict[str, Any]) -> str:
     for row in _rows(report):
         cells = "".join(f'<td class="{key}">{esc(str(row[key]))}</td>' for key, _title in COLUMNS)
         rows.append(f'<tr class="{row["status"].lower()}">{cells}</tr>')
-    notes, problems = _details(report)
+    notes, problems, not_run = _details(report)
     items = "".join(
         f"<li><b>{esc(where)}</b> <code>{esc(str(p.get('check')))}</code>: {esc(str(p.get('cause')))}"
         f"<br>Fix: {esc(str(p.get('fix')))}</li>"
         for where, p in problems
+    )
+    skipped = "".join(
+        f"<li><b>{esc(where)}</b> <code>{esc(check)}</code>: not run: {esc(reason)}</li>"
+        for where, check, reason in not_run
     )
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>GPU fleet report</title>'
@@ -433,30 +649,46 @@ def format_html(report: dict[str, Any]) -> str:
         + "\n".join(rows)
         + "\n</tbody></table>\n"
         + (("<h2>Notes</h2><ul>" + "".join(f"<li>{esc(n)}</li>" for n in notes) + "</ul>\n") if notes else "")
+        + (f'<h2>Not run</h2><ul id="not-run">{skipped}</ul>\n' if not_run else "")
         + (f"<h2>Problems</h2><ul>{items}</ul>\n" if problems else "")
         + "</body></html>\n"
     )
 
 
+def _junit_case(suite: ET.Element, row: dict[str, Any], check: str, found: list[dict[str, str]]) -> str:
+    """Add the test case of one row's check; returns its status.  ``found``: the row's problems.
+
+    A check that did not run is ``<skipped message="not run: ..."/>``, a failed one ``<failure
+    message=... type=...>`` (elements and attributes as in the JUnit XML format documented at
+    https://github.com/testmoapp/junitxml and Jenkins' JUnit schema,
+    https://github.com/jenkinsci/xunit-plugin/blob/master/src/main/resources/org/jenkinsci/plugins/xunit/types/model/xsd/junit-10.xsd)."""
+    outcome = row["checks"][check]
+    case = ET.SubElement(suite, "testcase", classname=row["host"], name=check)
+    if outcome["status"] == NOT_RUN:
+        ET.SubElement(case, "skipped", message=f"not run: {outcome['reason'] or 'no reason given'}")
+    elif outcome["status"] == FAIL:
+        failing = found if check == NO_DOCUMENT_CHECK else [p for p in found if str(p.get("check")) == check]
+        kind = ", ".join(sorted({str(p.get("check")) for p in failing})) or check
+        failure = ET.SubElement(case, "failure", message=str(outcome["reason"]), type=kind)
+        failure.text = "\n".join(f"{p.get('cause')}\nFix: {p.get('fix')}" for p in failing) or str(outcome["reason"])
+    return outcome["status"]
+
+
 def format_junit(report: dict[str, Any]) -> str:
-    """JUnit XML for CI dashboards: one test suite, one test case per host (row) and check."""
+    """JUnit XML for CI dashboards: one test suite, one test case per row (host or host and stack)
+    and check in the row's ``checks``: passed, failed or skipped (did not run); a row without a
+    verification document has the one failed case ``verification``."""
     suite = ET.Element("testsuite", name="gpu-fleet", timestamp=report["generated_at"])
-    cases = failures = 0
-    for host in report["hosts"].values():
+    counts = {PASS: 0, FAIL: 0, NOT_RUN: 0}
+    for name, host in report["hosts"].items():
         for row, doc in zip(host["rows"], host["results"]):
-            found = host_problems(doc)
-            checks = list(JUNIT_CHECKS) + (["multiworker"] if _get(doc, "multiworker") else [])
-            checks += sorted({str(p.get("check")) for p in found} - set(checks))
-            for check in checks:
-                case = ET.SubElement(suite, "testcase", classname=row["host"], name=check)
-                cases += 1
-                failing = [p for p in found if p.get("check") == check]
-                if failing:
-                    failures += 1
-                    failure = ET.SubElement(case, "failure", message=str(failing[0].get("cause")))
-                    failure.text = "\n".join(f"{p.get('cause')}\nFix: {p.get('fix')}" for p in failing)
-    suite.set("tests", str(cases))
-    suite.set("failures", str(failures))
+            found = host_problems(doc, name)
+            for check in row["checks"]:
+                counts[_junit_case(suite, row, check, found)] += 1
+    suite.set("tests", str(sum(counts.values())))
+    suite.set("failures", str(counts[FAIL]))
+    suite.set("errors", "0")
+    suite.set("skipped", str(counts[NOT_RUN]))
     return ET.tostring(suite, encoding="unicode") + "\n"
 
 
