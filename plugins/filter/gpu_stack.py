@@ -453,6 +453,13 @@ def _warn_cuda_minor(name: str, tf: dict, cuda_pin: str) -> list[Problem]:
     return [_problem(name, "cuda_other_minor", series=tf["series"], built=built, pinned=_series(cuda_pin))]
 
 
+def cudart_soname(version: str) -> str:
+    """The CUDA runtime's soname: ``libcudart.so.11.0`` up to CUDA 11, ``libcudart.so.<major>``
+    from CUDA 12 on (the SONAME entries of the toolkits' ``libcudart.so``, ``readelf -d``)."""
+    major = int(version.split(".")[0])
+    return f"libcudart.so.{major}.0" if major <= 11 else f"libcudart.so.{major}"
+
+
 def _pick_cuda(name: str, cuda_pin: str, matrix: dict, manifest: dict) -> tuple[dict | None, list[Problem]]:
     """The stack's ``cuda_toolkit`` record from the newest manifest runfile matching the pin.
 
@@ -471,6 +478,7 @@ def _pick_cuda(name: str, cuda_pin: str, matrix: dict, manifest: dict) -> tuple[
         "series": _series(version),
         "root": CUDA_ROOT_PREFIX + _series(version),
         "nvcc_version": entry.get("nvcc_version"),
+        "cudart_soname": cudart_soname(version),
         "min_driver": None if problems else matrix["cuda"][version]["min_driver"],
         "runfile": _artifact_record(runfile, entry),
     }

@@ -165,6 +165,12 @@ def test_tf_2_15_with_cuda_12_2_and_cudnn_8_9():
     )
     assert result["ok"], result["messages"]
     assert result["stacks"][0]["cuda_toolkit"]["version"] == "12.2.2"
+    assert result["stacks"][0]["cuda_toolkit"]["cudart_soname"] == "libcudart.so.12"
+
+
+def test_cuda_11_runtime_soname_keeps_its_minor():
+    result = resolve({"name": "a", "tensorflow": "2.12"})
+    assert result["stacks"][0]["cuda_toolkit"]["cudart_soname"] == "libcudart.so.11.0"
 
 
 def test_tf_2_18_with_cudnn_9():

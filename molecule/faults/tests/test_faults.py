@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -394,6 +395,33 @@ def test_a_bad_verification_option_stops_site_yml_in_preflight(tmp_path_factory)
     assert "gpu_verify_timeout is 0; it must be a number of seconds above 0" in run.stdout
     # The first play stopped the host: no driver, toolkit or venv task ran.
     assert "TASK [nvidia_driver" not in run.stdout and "TASK [gpu_artifacts : Push" not in run.stdout
+
+
+def test_a_rerun_repairs_a_damaged_host(tmp_path_factory, standins, fault_reports):
+    """Damage that a marker or a link alone would hide: the CUDA runtime's file removed (its links
+    dangle) on A; a newer stale cuDNN 8 file left in the tree on B, which ldconfig then prefers.
+    The next site.yml run must see both by content, reinstall, refresh the loader cache and pass."""
+    shell(A, f"rm -f $(readlink -f {LIB64}/libcudart.so.11.0) && ldconfig")
+    podman("cp", str(standins / "libs" / "cudnn-8.5.0.96" / "libcudnn.so.8.5.0"), f"{B}:{LIB64}/libcudnn.so.8.9.9")
+    shell(B, "ldconfig")
+    reports = tmp_path_factory.mktemp("repair")
+    run = run_playbook(
+        "site.yml",
+        os.environ["MOLECULE_INVENTORY_FILE"],
+        "--limit",
+        f"{A},{B}",
+        "-e",
+        f"gpu_verify_report_dir={reports}",
+    )
+    report = json.loads((reports / "fleet-report.json").read_text())
+    assert run.returncode == 0, run.stdout[-4000:]
+    assert [_host(report, h)["status"] for h in (A, B)] == ["PASS", "PASS"]
+    for host in (A, B):
+        changed = re.search(rf"^{host}\s+: ok=\d+\s+changed=(\d+)", run.stdout, re.MULTILINE)
+        assert changed and int(changed.group(1)) > 0, f"{host} was not repaired (changed=0)"
+    assert podman("exec", B, "sh", "-c", f"ls {LIB64}/ | grep -c 8.9.9 || true").stdout.strip() == "0"
+    cudnn = podman("exec", B, "readlink", "-f", f"{LIB64}/libcudnn.so.8").stdout.strip()
+    assert cudnn.endswith("libcudnn.so.8.6.0"), cudnn
 
 
 def test_testinfra_sees_the_restored_toolkit(host):
