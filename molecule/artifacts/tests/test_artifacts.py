@@ -117,7 +117,9 @@ def test_damaged_controller_copy_is_fetched_again(controller_dir, mirror):
     assert (mirror.counts[FILES[0]], mirror.counts[FILES[1]]) == (1, 1)
     assert (controller_dir / FILES[2]).read_bytes() == (STANDINS / FILES[2]).read_bytes()
     # The only change is the controller's fresh copy; the hosts are untouched.
-    assert _changed_tasks(run) == {"gpu_artifacts : Fetch what is missing or damaged, once for all hosts"}
+    assert _changed_tasks(run) == {
+        "gpu_fleet.tf_hosts.gpu_artifacts : Fetch what is missing or damaged, once for all hosts"
+    }
 
 
 def test_unreachable_mirror_names_the_url_and_the_fix(controller_dir):

@@ -374,9 +374,9 @@ def test_bad_verification_options_stop_before_anything_runs(tmp_path_factory, op
     assert message in run.stdout
     assert "Fix it in the inventory or on the -e command line." in run.stdout
     # Nothing ran or changed after the check: no copy of the scripts, no verification, no report.
-    assert "TASK [gpu_verify : Copy the verification scripts" not in run.stdout
-    assert "TASK [gpu_verify : Run the checks" not in run.stdout
-    assert "TASK [gpu_verify : Check the verification options" in run.stdout
+    assert "TASK [gpu_fleet.tf_hosts.gpu_verify : Copy the verification scripts" not in run.stdout
+    assert "TASK [gpu_fleet.tf_hosts.gpu_verify : Run the checks" not in run.stdout
+    assert "TASK [gpu_fleet.tf_hosts.gpu_verify : Check the verification options" in run.stdout
     assert list(reports.iterdir()) == []
 
 
@@ -394,7 +394,10 @@ def test_a_bad_verification_option_stops_site_yml_in_preflight(tmp_path_factory)
     assert run.returncode != 0
     assert "gpu_verify_timeout is 0; it must be a number of seconds above 0" in run.stdout
     # The first play stopped the host: no driver, toolkit or venv task ran.
-    assert "TASK [nvidia_driver" not in run.stdout and "TASK [gpu_artifacts : Push" not in run.stdout
+    assert (
+        "TASK [gpu_fleet.tf_hosts.nvidia_driver" not in run.stdout
+        and "TASK [gpu_fleet.tf_hosts.gpu_artifacts : Push" not in run.stdout
+    )
 
 
 def test_a_rerun_repairs_a_damaged_host(tmp_path_factory, standins, fault_reports):
