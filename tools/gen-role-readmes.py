@@ -30,7 +30,9 @@ def _text(value: object) -> str:
 def _default(option: dict) -> str:
     if "default" not in option:
         return "**required**" if option.get("required") else "—"
-    return f"`{yaml.safe_dump(option['default'], default_flow_style=True, width=1000).strip().removesuffix('...').strip()}`"
+    text = yaml.safe_dump(option["default"], default_flow_style=True, width=1000).strip().removesuffix("...").strip()
+    # A pipe splits a Markdown table cell even inside a code span (GFM spec, "Tables").
+    return "`" + text.replace("|", "\\|") + "`"
 
 
 def render(role: Path) -> str:

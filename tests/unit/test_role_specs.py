@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -61,3 +62,12 @@ def test_role_readmes_are_generated_from_the_specs():
         [sys.executable, str(ROOT / "tools/gen-role-readmes.py"), "--check"], capture_output=True, text=True
     )
     assert result.returncode == 0, f"run tools/gen-role-readmes.py: {result.stdout}"
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_role_readme_tables_keep_their_columns(role):
+    """A stray pipe (a Jinja filter in a default) would split a cell and shift the row."""
+    for line in (ROOT / "roles" / role / "README.md").read_text().splitlines():
+        if line.startswith("| `"):
+            cells = [c for c in re.split(r"(?<!\\)\|", line)[1:-1]]
+            assert len(cells) == 4, f"{role}: {line}"
