@@ -15,6 +15,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 NVIDIA_FIXTURES = ROOT / "tests" / "fixtures" / "nvidia"
 
+# Tests import the host scripts from files/verify; bytecode written there would be pushed to the
+# hosts with the scripts by gpu_verify's copy and show up as a change.
+sys.dont_write_bytecode = True
+
 # The clone is the collection gpu_fleet.tf_hosts (collections/ansible_collections/gpu_fleet/tf_hosts
 # links back to the root), so plugins import each other by their collection path, as Ansible
 # loads them.
