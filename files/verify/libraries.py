@@ -361,8 +361,64 @@ def compare_cudart(record: dict[str, Any], expected_cuda: str | None) -> list[Pr
     ]
 
 
-def compare_cudnn(record: dict[str, Any], expected_cudnn: str | None) -> list[Problem]:
-    """libcudnn major.minor.patch must equal the pinned cuDNN (extra parts like .163 ignored)."""
+def pinned_copy(
+    soname: str, install_dirs: Sequence[str], realpath: Callable[[str], str] = os.path.realpath
+) -> tuple[str, str | None] | None:
+    """The stack's own copy of ``soname``: ``(real file, version from its name)`` for the first
+    ``<install_dir>/<soname>`` that exists (``libcudnn.so.8.6.0`` -> ``"8.6.0"``; None where the name
+    carries no version), or None when no install dir has it."""
+    found = find_off_path(soname, install_dirs)
+    if found is None:
+        return None
+    real = realpath(found)
+    return real, os.path.basename(real).partition(".so.")[2] or None
+
+
+def _loader_source(folder: str, search_order: Sequence[tuple[str, str]]) -> str:
+    """What puts ``folder`` on the loader path (:func:`loader_search_order`'s sources)."""
+    for place, source in search_order:
+        if place == folder.rstrip("/"):
+            return source
+    return "none of LD_LIBRARY_PATH, /etc/ld.so.conf.d or the default folders (an RPATH/RUNPATH?)"
+
+
+def stale_ahead_problem(
+    record: dict[str, Any],
+    expected_cudnn: str,
+    pinned: tuple[str, str | None],
+    search_order: Sequence[tuple[str, str]],
+    tf_rule: str,
+) -> Problem:
+    """Another cuDNN file won the loader search over the stack's own copy ``pinned``: both paths,
+    both versions, and why the stale one comes first (search order: ld.so(8), "Description";
+    ldconfig(8) reads /etc/ld.so.conf, whose ``include /etc/ld.so.conf.d/*.conf`` takes the files
+    in name order)."""
+    pinned_path, pinned_version = pinned
+    opened = record.get("found_as") or record["path"]
+    folder = os.path.dirname(opened)
+    return problem(
+        "libcudnn",
+        f"cuDNN {record['soname']}: the loader loaded {record['path']} (cuDNN {record['version']}) ahead of the "
+        f"pinned {pinned_path} ({pinned_version or 'version not in its name'}); the stack pins "
+        f"{expected_cudnn}.{tf_rule}",
+        f"remove or move {opened} (and the file it points to) out of {folder}, then run `ldconfig`; "
+        f"`ldconfig -p | grep {soname_stem(record['soname'])}` must then show {os.path.dirname(pinned_path)} "
+        f"first. {folder} is on the loader path through {_loader_source(folder, search_order)} (the "
+        f"loader searches LD_LIBRARY_PATH, then the {LD_SO_CONF_D} files in name order, then the "
+        "default folders)",
+    )
+
+
+def compare_cudnn(
+    record: dict[str, Any],
+    expected_cudnn: str | None,
+    pinned: tuple[str, str | None] | None = None,
+    search_order: Sequence[tuple[str, str]] = (),
+) -> list[Problem]:
+    """libcudnn major.minor.patch must equal the pinned cuDNN (extra parts like .163 ignored).
+
+    ``pinned``: the stack's own copy (:func:`pinned_copy`); when the loaded file is another one,
+    the problem names both (:func:`stale_ahead_problem`)."""
     if not expected_cudnn or not record.get("ok"):
         return []
     parts = min(3, len(str(expected_cudnn).split(".")))
@@ -377,6 +433,8 @@ def compare_cudnn(record: dict[str, Any], expected_cudnn: str | None) -> list[Pr
         if refused
         else ""
     )
+    if pinned and pinned[0] != record["path"]:
+        return [stale_ahead_problem(record, str(expected_cudnn), pinned, search_order, tf_rule)]
     return [
         problem(
             "libcudnn",
@@ -698,12 +756,12 @@ def check_libraries(
     else:
         libs["libcudnn"], found = _first_loadable("libcudnn", ["libcudnn.so.9", "libcudnn.so.8"])
     problems += found
+    search_order = loader_search_order(os.environ.get("LD_LIBRARY_PATH"), ld_so_conf_dirs())
+    pinned = pinned_copy(cudnn_soname(expect_cudnn), install_dirs) if expect_cudnn else None
     problems += compare_cudart(libs["libcudart"], expect_cuda)
-    problems += compare_cudnn(libs["libcudnn"], expect_cudnn)
+    problems += compare_cudnn(libs["libcudnn"], expect_cudnn, pinned, search_order)
     problems += compare_driver_runtime(libs["libcuda"], libs["libcudart"])
-    problems += runtime_shadow_problems(
-        expect_cuda, loader_search_order(os.environ.get("LD_LIBRARY_PATH"), ld_so_conf_dirs())
-    )
+    problems += runtime_shadow_problems(expect_cuda, search_order)
     problems += mixed_cuda_major_problems(cuda_library_paths(read_maps()))
     return {"libraries": libs, "problems": problems, "ok": not problems}
 

@@ -111,6 +111,56 @@ def test_compare_cudnn_ignores_build_number_and_flags_mismatch() -> None:
     assert "is 8.1.1, the stack pins 8.6.0" in found["cause"]
 
 
+STALE = "/usr/lib/x86_64-linux-gnu/libcudnn.so.8.5.0"
+PINNED = "/usr/local/cuda-11.8/lib64/libcudnn.so.8.6.0"
+DEBIAN_CONF = {
+    "gpu-env.conf": ["/usr/local/cuda-11.8/lib64"],
+    "x86_64-linux-gnu.conf": ["/usr/local/lib/x86_64-linux-gnu", "/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu"],
+}
+
+
+def test_stale_cudnn_ahead_of_the_pinned_copy_names_both_and_why() -> None:
+    stale = dict(rec("libcudnn.so.8", 8500, "8.5.0", STALE), found_as="/usr/lib/x86_64-linux-gnu/libcudnn.so.8")
+    order = libraries.loader_search_order(None, DEBIAN_CONF)
+    (found,) = libraries.compare_cudnn(stale, "8.6.0", (PINNED, "8.6.0"), order)
+    assert found["check"] == "libcudnn"
+    assert found["cause"].startswith(
+        f"cuDNN libcudnn.so.8: the loader loaded {STALE} (cuDNN 8.5.0) ahead of the pinned {PINNED} (8.6.0); "
+        "the stack pins 8.6.0. TensorFlow built with cuDNN 8.6.0 refuses it (minor 5 < 6;"
+    )
+    assert found["fix"].startswith(
+        "Remove or move /usr/lib/x86_64-linux-gnu/libcudnn.so.8 (and the file it points to) out of "
+        "/usr/lib/x86_64-linux-gnu, then run `ldconfig`; `ldconfig -p | grep libcudnn.so` must then show "
+        "/usr/local/cuda-11.8/lib64 first. /usr/lib/x86_64-linux-gnu is on the loader path through "
+        "/etc/ld.so.conf.d/x86_64-linux-gnu.conf ("
+    )
+
+
+def test_stale_cudnn_found_through_ld_library_path_says_so() -> None:
+    stale = rec("libcudnn.so.8", 8500, "8.5.0", "/opt/old/libcudnn.so.8.5.0")
+    order = libraries.loader_search_order("/opt/old", DEBIAN_CONF)
+    (found,) = libraries.compare_cudnn(stale, "8.6.0", (PINNED, "8.6.0"), order)
+    assert "/opt/old is on the loader path through LD_LIBRARY_PATH (" in found["fix"]
+
+
+def test_wrong_cudnn_that_is_the_pinned_copy_itself_keeps_the_short_message() -> None:
+    # The stack's own folder holds the wrong release: there is no other copy to name.
+    wrong = rec("libcudnn.so.8", 8500, "8.5.0", "/usr/local/cuda-11.8/lib64/libcudnn.so.8.5.0")
+    pinned = ("/usr/local/cuda-11.8/lib64/libcudnn.so.8.5.0", "8.5.0")
+    (found,) = libraries.compare_cudnn(wrong, "8.6.0", pinned, libraries.loader_search_order(None, DEBIAN_CONF))
+    assert "is 8.5.0, the stack pins 8.6.0" in found["cause"] and "ahead of" not in found["cause"]
+
+
+def test_pinned_copy_follows_the_soname_link_and_reads_the_version(tmp_path: Path) -> None:
+    lib64 = tmp_path / "lib64"
+    lib64.mkdir()
+    (lib64 / "libcudnn.so.8.6.0").write_bytes(b"")
+    (lib64 / "libcudnn.so.8").symlink_to("libcudnn.so.8.6.0")
+    missing = str(tmp_path / "missing")
+    assert libraries.pinned_copy("libcudnn.so.8", [missing, str(lib64)]) == (str(lib64 / "libcudnn.so.8.6.0"), "8.6.0")
+    assert libraries.pinned_copy("libcudnn.so.9", [str(lib64)]) is None
+
+
 def test_driver_too_old_for_runtime() -> None:
     libcuda = rec("libcuda.so.1", 11040, "11.4", "/usr/lib/x86_64-linux-gnu/libcuda.so.470.82.01")
     (found,) = libraries.compare_driver_runtime(libcuda, rec("libcudart.so.11.0", 11080, "11.8"))
@@ -270,3 +320,25 @@ def test_standin_cudnn_against_other_pin_fails(standin_libs: Path) -> None:
     assert done.returncode == 1
     (found,) = json.loads(done.stdout)["problems"]
     assert found["check"] == "libcudnn" and "is 8.6.0, the stack pins 8.9.7" in found["cause"]
+
+
+def test_standin_cudnn_loaded_ahead_of_the_stacks_copy_names_both(standin_libs: Path, tmp_path: Path) -> None:
+    # The stack's tree holds "8.9.7" (only its name matters here); the loader finds the 8.6.0 stand-in first.
+    lib64 = tmp_path / "cuda-11.8" / "lib64"
+    lib64.mkdir(parents=True)
+    (lib64 / "libcudnn.so.8.9.7").write_bytes(b"")
+    (lib64 / "libcudnn.so.8").symlink_to("libcudnn.so.8.9.7")
+    code = (
+        "import json, libraries; "
+        f"print(json.dumps(libraries.check_libraries('11.8', '8.9.7', {str(tmp_path / 'cuda-11.8')!r})))"
+    )
+    env = dict(os.environ, LD_LIBRARY_PATH=str(standin_libs), PYTHONPATH=str(VERIFY_DIR))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False)
+    assert done.returncode == 0, done.stderr
+    (found,) = json.loads(done.stdout)["problems"]
+    loaded = os.path.realpath(standin_libs / "libcudnn.so.8")
+    assert found["cause"].startswith(
+        f"cuDNN libcudnn.so.8: the loader loaded {loaded} (cuDNN 8.6.0) ahead of the pinned "
+        f"{lib64 / 'libcudnn.so.8.9.7'} (8.9.7); the stack pins 8.9.7."
+    )
+    assert f"{standin_libs} is on the loader path through LD_LIBRARY_PATH" in found["fix"]
