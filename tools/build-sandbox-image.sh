@@ -4,21 +4,43 @@
 # GPU_SANDBOX_IMAGE=docker.io/library/debian:bookworm (python3 and sudo are then installed by the
 # prepare step).
 #
+#
+# The image also holds a test fixture: /usr/share/gpu-sandbox/pci-devices/<bus id>/{vendor,device,class},
+# a sysfs-like list of the 2 GPUs that the stand-in nvidia-smi describes (written by
+# tests/fixtures/nvidia/pci_sysfs.py). A container's /sys is this machine's, which has no NVIDIA
+# GPU; the sandbox inventory points gpu_preflight_pci_devices_path there. An image pulled from a
+# registry lacks it: preflight then falls back to lspci and nvidia-smi.
+#
+# The image carries a label with a hash of its inputs (this script, the fixture writer and the GPU
+# description); an image whose label differs is rebuilt, so `make image` picks up fixture changes.
+#
 # Usage: tools/build-sandbox-image.sh [IMAGE]     (default: localhost/gpu-sandbox-debian:12)
 # Exit codes: 0 image present or built; 1 build failed.
 set -euo pipefail
 image="${1:-${GPU_SANDBOX_IMAGE:-localhost/gpu-sandbox-debian:12}}"
 suite="${GPU_SANDBOX_SUITE:-bookworm}"
 mirror="${GPU_SANDBOX_MIRROR:-http://deb.debian.org/debian}"
+root="$(cd "$(dirname "$0")/.." && pwd)"
+fixtures="$root/tests/fixtures/nvidia"
+pci_devices=/usr/share/gpu-sandbox/pci-devices
+label=io.gpu-fleet.sandbox-inputs
 
+inputs="$(cat "$0" "$fixtures/pci_sysfs.py" "$fixtures/lspci.py" "$fixtures/gpus/2xA100-SXM4-80GB.json" \
+  | { cat; echo "$suite"; } | sha256sum | cut -c1-16)"
 if podman image exists "$image"; then
-  echo "image $image already present"
-  exit 0
+  present="$(podman image inspect --format "{{ index .Labels \"$label\" }}" "$image" 2>/dev/null || true)"
+  if [ "$present" = "$inputs" ]; then
+    echo "image $image already present"
+    exit 0
+  fi
+  echo "image $image was built from other inputs (label $label: '${present}', now '$inputs'): rebuilding"
 fi
 rootfs="$(mktemp -d /var/tmp/gpu-sandbox-rootfs.XXXXXX)"
 trap 'rm -rf "$rootfs"' EXIT
 echo "debootstrap $suite into $rootfs (about a minute)"
 debootstrap --variant=minbase --include=python3,python3-apt,sudo,ca-certificates \
   "$suite" "$rootfs" "$mirror" >/dev/null
-tar -C "$rootfs" -c . | podman import --change 'CMD ["/bin/bash"]' - "$image" >/dev/null
+python3 "$fixtures/pci_sysfs.py" --out "$rootfs$pci_devices"
+tar -C "$rootfs" -c . \
+  | podman import --change 'CMD ["/bin/bash"]' --change "LABEL $label=$inputs" - "$image" >/dev/null
 echo "built $image"

@@ -18,6 +18,10 @@ Sources (public):
   NVIDIA Driver", section "Signing the NVIDIA Kernel Module" (shipped per driver release, e.g.
   https://download.nvidia.com/XFree86/Linux-x86_64/470.239.06/README/installdriver.html), and the
   Linux kernel's "Kernel module signing facility", https://docs.kernel.org/admin-guide/module-signing.html.
+- The GPU count check counts PCI functions as well as nvidia-smi's list, so a missing GPU is found
+  before any driver exists: the Linux kernel documentation "Accessing PCI device resources through
+  sysfs" (https://docs.kernel.org/PCI/sysfs-pci.html) and lspci(8)
+  (https://man7.org/linux/man-pages/man8/lspci.8.html).
 - The multi-GPU hardware advice (mixed models, PCIe width, NVLink) is the project's seed guidance.
 """
 
@@ -40,6 +44,7 @@ HOST_CHECKS = (
     "kernel_headers",
     "gpus_busy",
     "installer_running",
+    "gpu_count",
     "mixed_models",
     "pcie_width",
     "nvlink",
@@ -113,6 +118,12 @@ MESSAGES: dict[str, tuple[str, str]] = {
     "gpus_busy": (
         "The driver would change while GPUs run compute processes: {listed}.",
         "Drain the host (stop those jobs) and rerun.",
+    ),
+    "gpu_count": (
+        "{expected} GPUs expected, {seen} seen: {where}; bus IDs seen: {bus_ids}.",
+        "Reseat or power the missing GPUs and check that the BIOS enables their slots (`lspci -nn -d 10de:` lists what "
+        "the PCI bus shows), or correct the expected count in the inventory (gpu_verify_expected_gpu_count or "
+        "gpu_preflight_expected_gpu_count) if this host has {seen}.",
     ),
     "mixed_models": (
         "Mixed GPU models: {models}; MirroredStrategy runs at the pace of the slowest.",
@@ -206,6 +217,28 @@ def _gpus_busy(facts: dict) -> list[dict[str, Any]]:
     return [{"listed": ", ".join(f"{a.get('process_name')} (pid {a.get('pid')})" for a in apps)}]
 
 
+def _gpus_seen(gpus: dict) -> tuple[int, str]:
+    """How many GPUs the host shows (the larger of nvidia-smi's and the PCI bus's count) and who saw what."""
+    smi = int(gpus.get("count") or 0)
+    pci = gpus.get("pci_count")
+    by_smi = f"nvidia-smi lists {smi}" if gpus.get("source") == "nvidia-smi" else "nvidia-smi gave no list"
+    if pci is None:
+        return smi, f"{by_smi}, the PCI bus could not be read"
+    return max(smi, int(pci)), f"{by_smi}, {gpus.get('pci_source') or 'the PCI bus'} shows {pci} on the PCI bus"
+
+
+def _gpu_count(facts: dict) -> list[dict[str, Any]]:
+    expected = facts.get("expected_gpu_count")
+    if expected in (None, ""):
+        return []
+    gpus = facts.get("gpus") or {}
+    seen, where = _gpus_seen(gpus)
+    if seen >= int(expected):
+        return []
+    bus_ids = sorted({g["pci_bus_id"] for g in (gpus.get("gpus") or []) + (gpus.get("pci_gpus") or [])})
+    return [{"expected": int(expected), "seen": seen, "where": where, "bus_ids": ", ".join(bus_ids) or "none"}]
+
+
 def _mixed_models(facts: dict) -> list[dict[str, Any]]:
     gpus = facts.get("gpus") or {}
     return [{"models": ", ".join(gpus["models"])}] if len(set(gpus.get("models") or [])) > 1 else []
@@ -252,6 +285,7 @@ CHECKS = (
     ("kernel_headers", _kernel_headers, "kernel"),
     ("installer_running", _installer_running, "host"),
     ("gpus_busy", _gpus_busy, "host"),
+    ("gpu_count", _gpu_count, "host"),
     ("mixed_models", _mixed_models, "hardware"),
     ("pcie_width", _pcie_width, "hardware"),
     ("nvlink", _nvlink, "hardware"),
@@ -284,7 +318,9 @@ def check_host(facts: dict, settings: dict | None = None) -> dict:
             secure_boot: str | None,         # stdout of `mokutil --sb-state`, None when absent
             signing_key: bool,               # a module signing key is configured
             kernel: str, kernel_headers: bool, kernel_headers_package: str,
-            gpus: nvidia_gpu_facts result (count, gpus, models, nvlink_pairs, nvswitch_present) or {},
+            gpus: nvidia_gpu_facts result (count, gpus, models, nvlink_pairs, nvswitch_present, source,
+                  pci_count, pci_gpus, pci_source) or {},
+            expected_gpu_count: int | None,  # GPUs the inventory says the host has; None: not checked
             compute_apps: [{pid, process_name, gpu_uuid, used_memory_mib}],
             driver_change: bool,             # the run would install a different driver
             installers: [str],               # "<pid> <command line>" of installers still running

@@ -1,4 +1,4 @@
-"""One parser per output format of ``nvidia-smi``, ``lspci`` and ``/proc/driver/nvidia/version``.
+"""One parser per output format of ``nvidia-smi``, ``lspci``, sysfs PCI devices and ``/proc/driver/nvidia/version``.
 
 Shared by the ``nvidia_gpu_facts`` module, the ``gpu_driver_module_version`` and ``gpu_compute_apps``
 filters and the verification scripts in files/verify (which ship this file, through the symlink
@@ -27,6 +27,11 @@ Sources for the formats (all public):
   ``BB:DD.F Class name [CCCC]: Vendor Device [VVVV:DDDD] (rev RR)``; ``-n`` prints the numbers only,
   ``BB:DD.F CCCC: VVVV:DDDD (rev RR)``; ``-D`` adds the domain, ``DDDD:BB:DD.F``. Class codes come
   from the PCI-SIG PCI Code and ID Assignment Specification (also listed at https://pci-ids.ucw.cz/).
+- sysfs: ``/sys/bus/pci/devices/<dddd:bb:dd.f>/`` holds one folder per PCI function, with the text
+  files ``vendor`` (``0x10de``), ``device`` (``0x20b2``) and ``class`` (``0x030200``: class, subclass
+  and programming interface), readable before any driver is loaded. The Linux kernel documentation
+  "Accessing PCI device resources through sysfs" (https://docs.kernel.org/PCI/sysfs-pci.html) and
+  the sysfs ABI description ``Documentation/ABI/testing/sysfs-bus-pci``.
 - ``/proc/driver/nvidia/version``: the check in the NVIDIA CUDA Installation Guide for Linux,
   section "Verify the Driver Version" (https://docs.nvidia.com/cuda/cuda-installation-guide-linux/);
   its first line is ``NVRM version: NVIDIA UNIX x86_64 Kernel Module  <version>  <date>`` or, for
@@ -37,7 +42,7 @@ from __future__ import annotations
 
 import csv
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 # The module's --query-gpu fields. The order of the fields is the order of the CSV columns; callers
@@ -396,6 +401,66 @@ def parse_lspci_nvswitches(text: str) -> list[str]:
     """Bus IDs of NVIDIA bridge functions ``0680`` (NVSwitch chips on HGX boards) in lspci output (either form)."""
     return sorted(
         device["pci_bus_id"] for device in _lspci_nvidia_devices(text) if device["class_code"] == NVSWITCH_CLASS_CODE
+    )
+
+
+def _sysfs_hex(value: str, digits: int, where: str) -> str:
+    """``"0x10de\\n"`` -> ``"10de"``: a sysfs number as lower-case hex, zero-padded to ``digits``."""
+    text = value.strip().lower()
+    text = text[2:] if text.startswith("0x") else text
+    if not text or len(text) > digits or any(char not in "0123456789abcdef" for char in text):
+        raise ValueError(f"{where} is {value.strip()!r}, not a {digits}-digit hexadecimal number")
+    return text.zfill(digits)
+
+
+def _sysfs_nvidia_devices(devices: Mapping[str, Mapping[str, str]]) -> list[dict[str, Any]]:
+    """Every NVIDIA function in a sysfs PCI device list (see :func:`parse_sysfs_pci`), with its class code."""
+    found = []
+    for name, files in devices.items():
+        try:
+            bus_id = normalize_bus_id(name)
+        except ValueError:
+            continue  # not a PCI function folder
+        if _sysfs_hex(files.get("vendor", ""), 4, f"{name}/vendor") != NVIDIA_VENDOR_ID:
+            continue
+        device = _sysfs_hex(files.get("device", ""), 4, f"{name}/device")
+        found.append(
+            {
+                "pci_bus_id": bus_id,
+                # class is 24 bits (class, subclass, programming interface); lspci's [0302] is the top 16.
+                "class_code": _sysfs_hex(files.get("class", ""), 6, f"{name}/class")[:4],
+                "description": None,
+                "device_id": f"{NVIDIA_VENDOR_ID}:{device}",
+            }
+        )
+    return found
+
+
+def parse_sysfs_pci(devices: Mapping[str, Mapping[str, str]]) -> list[dict[str, Any]]:
+    """NVIDIA GPUs in a sysfs PCI device list, in the shape of :func:`parse_lspci`.
+
+    ``devices`` maps each folder name under ``/sys/bus/pci/devices`` (``0000:17:00.0``) to the text of
+    its files ``{"vendor": "0x10de\\n", "device": "0x20b2\\n", "class": "0x030200\\n"}``. Keeps vendor
+    ``10de`` functions of class VGA ``0300xx`` or 3D controller ``0302xx``, as :func:`parse_lspci`
+    does. Returns ``[{"pci_bus_id", "description": None, "device_id": "10de:20b2"}]`` sorted by bus ID
+    (sysfs has no names). Folder names that are no PCI address are skipped.
+
+    Raises:
+        ValueError: a vendor file, or a device or class file of an NVIDIA function, is no hex number
+            (a folder that is not sysfs-like).
+    """
+    gpus = [
+        {key: device[key] for key in ("pci_bus_id", "description", "device_id")}
+        for device in _sysfs_nvidia_devices(devices)
+        if device["class_code"] in GPU_CLASS_CODES
+    ]
+    return sorted(gpus, key=lambda gpu: gpu["pci_bus_id"])
+
+
+def parse_sysfs_pci_nvswitches(devices: Mapping[str, Mapping[str, str]]) -> list[str]:
+    """Bus IDs of NVIDIA bridge functions ``0680xx`` (NVSwitch chips) in a sysfs PCI device list."""
+    return sorted(
+        device["pci_bus_id"] for device in _sysfs_nvidia_devices(devices) if device["class_code"] == NVSWITCH_CLASS_CODE
     )
 
 

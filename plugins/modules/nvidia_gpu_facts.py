@@ -1,23 +1,24 @@
 #!/usr/bin/python
 # Copyright: gpu-fleet maintainers
 # Apache License 2.0 (see galaxy.yml)
-"""Ansible module nvidia_gpu_facts: read-only NVIDIA GPU inventory from nvidia-smi and lspci."""
+"""Ansible module nvidia_gpu_facts: read-only NVIDIA GPU inventory from nvidia-smi, sysfs and lspci."""
 
 from __future__ import annotations
 
 DOCUMENTATION = r"""
 ---
 module: nvidia_gpu_facts
-short_description: Gather NVIDIA GPU, NVLink and NVSwitch facts from nvidia-smi and lspci
+short_description: Gather NVIDIA GPU, NVLink and NVSwitch facts from nvidia-smi, sysfs and lspci
 description:
   - "Runs C(nvidia-smi --query-gpu=index,name,uuid,pci.bus_id,memory.total,compute_cap,driver_version,\
     pcie.link.gen.current,pcie.link.gen.max,pcie.link.width.current,pcie.link.width.max,persistence_mode \
-    --format=csv,noheader,nounits), C(nvidia-smi topo -m) and C(lspci -D -nn)."
+    --format=csv,noheader,nounits) and C(nvidia-smi topo -m), and lists the PCI bus from sysfs
+    (O(pci_devices_path)), or with C(lspci -D -nn) when sysfs cannot be read."
   - Sets C(ansible_facts['gpu_facts']). Changes nothing on the host.
   - Works before the driver is installed. When nvidia-smi is missing or fails (driver not loaded, exit 9;
-    C(No devices were found), exit 6) the GPUs are listed from the PCI bus instead (O(lspci_path)),
+    C(No devices were found), exit 6) the GPUs are listed from the PCI bus instead,
     and RV(ansible_facts.gpu_facts.errors) says what failed and how to fix it.
-  - When nvidia-smi works, lspci is still run, to name GPUs that are on the PCI bus but invisible to the
+  - The PCI bus is read even when nvidia-smi works, to name GPUs that are on the bus but invisible to the
     driver (a GPU that fell off the bus, or one bound to vfio-pci or nouveau).
   - Never fails because a tool is missing or fails. Fails only when a tool exits 0 but prints output this
     module cannot read, which means a new output format or a bug here.
@@ -26,7 +27,7 @@ author:
   - gpu-fleet maintainers (!UNKNOWN)
 requirements:
   - C(nvidia-smi) from the NVIDIA driver, for anything beyond PCI IDs. C(compute_cap) needs driver R510 or later.
-  - C(lspci) from pciutils, for the PCI cross-check and the no-driver fallback.
+  - C(lspci) from pciutils, for the PCI cross-check and the no-driver fallback where sysfs cannot be read.
   - C(timeout) from coreutils or busybox, for O(timeout) to apply; without it the commands run unbounded.
 options:
   nvidia_smi_path:
@@ -37,8 +38,17 @@ options:
   lspci_path:
     description:
       - Name (looked up on E(PATH) and the sbin directories) or absolute path of C(lspci).
+      - Run only when O(pci_devices_path) cannot be read.
     type: str
     default: lspci
+  pci_devices_path:
+    description:
+      - Folder with one sub-folder per PCI function, named by bus ID, each holding the files C(vendor), C(device)
+        and C(class) (the sysfs layout). Read first, before lspci; it needs no driver and no pciutils.
+      - Leave the default on real hosts. Test hosts whose C(/sys) is not their own (containers) point it at a
+        fixture folder of the same layout.
+    type: path
+    default: /sys/bus/pci/devices
   timeout:
     description:
       - Seconds each command may run before it is stopped and reported in RV(ansible_facts.gpu_facts.errors).
@@ -60,7 +70,7 @@ attributes:
 notes:
   - Bus IDs are normalised to lower-case C(dddd:bb:dd.f) (the C(lspci -D) form); nvidia-smi prints
     C(00000000:17:00.0), which becomes C(0000:17:00.0).
-  - RV(ansible_facts.gpu_facts.nvswitch_present) is a heuristic. It is true when lspci shows an NVIDIA bridge
+  - RV(ansible_facts.gpu_facts.nvswitch_present) is a heuristic. It is true when the PCI bus shows an NVIDIA bridge
     function (class C([0680]), how the NVSwitch chips of an HGX baseboard enumerate), or when C(topo -m) shows
     at least 4 GPUs, every pair joined by C(NV#), and each GPU with more bonded links to its peers in total
     than any GPU has (18, on H100/H200/B200). 8x H100 SXM shows C(NV18) for all 28 pairs, which only a switch
@@ -72,6 +82,9 @@ seealso:
   - name: nvidia-smi documentation
     description: Field meanings of C(--query-gpu); see C(nvidia-smi --help-query-gpu).
     link: https://docs.nvidia.com/deploy/nvidia-smi/index.html
+  - name: Accessing PCI device resources through sysfs
+    description: The C(/sys/bus/pci/devices) layout read by O(pci_devices_path).
+    link: https://docs.kernel.org/PCI/sysfs-pci.html
 """
 
 EXAMPLES = r"""
@@ -91,6 +104,13 @@ EXAMPLES = r"""
     nvidia_smi_path: /opt/nvidia/bin/nvidia-smi
     timeout: 120
 
+- name: Stop when fewer than 8 GPUs are on the PCI bus
+  ansible.builtin.assert:
+    that: ansible_facts['gpu_facts']['pci_count'] >= 8
+    fail_msg: >-
+      Only {{ ansible_facts['gpu_facts']['pci_gpus'] | map(attribute='pci_bus_id') | join(', ') }} are on the PCI bus;
+      reseat the missing GPUs or check that the BIOS enables their slots.
+
 - name: Report GPUs that run below their PCIe link width
   ansible.builtin.debug:
     msg: "GPU {{ item.index }} ({{ item.pci_bus_id }}) runs at x{{ item.pcie_link_width_current }} of x{{ item.pcie_link_width_max }}"
@@ -105,14 +125,15 @@ ansible_facts:
   type: dict
   contains:
     gpu_facts:
-      description: What nvidia-smi and lspci report about the NVIDIA GPUs of the host.
+      description: What nvidia-smi and the PCI bus (sysfs or lspci) report about the NVIDIA GPUs of the host.
       returned: always
       type: dict
       contains:
         source:
           description:
             - Where RV(ansible_facts.gpu_facts.gpus) or RV(ansible_facts.gpu_facts.pci_gpus) came from.
-            - C(nvidia-smi) when the query worked, C(lspci) when only the PCI bus could be read, C(none) when neither.
+            - C(nvidia-smi) when the query worked; else where the PCI bus was read, C(sysfs) or C(lspci); C(none)
+              when nothing could be read.
           returned: always
           type: str
           sample: nvidia-smi
@@ -191,7 +212,7 @@ ansible_facts:
         models:
           description:
             - Sorted unique GPU names from nvidia-smi; when RV(ansible_facts.gpu_facts.source) is C(lspci),
-              the lspci descriptions instead.
+              the lspci descriptions instead; when it is C(sysfs), the C(vendor:device) PCI IDs (sysfs has no names).
           returned: always
           type: list
           elements: str
@@ -200,7 +221,7 @@ ansible_facts:
           description:
             - NVIDIA VGA C([0300]) and 3D controller C([0302]) functions on the PCI bus, by bus ID.
             - NVIDIA audio functions C([0403]), NVSwitch bridges C([0680]) and other vendors are left out.
-            - Empty when lspci could not run.
+            - From sysfs, else from lspci (RV(ansible_facts.gpu_facts.pci_source)); empty when neither could be read.
           returned: always
           type: list
           elements: dict
@@ -209,7 +230,7 @@ ansible_facts:
               description: Bus ID, lower-case C(dddd:bb:dd.f).
               type: str
             description:
-              description: lspci's vendor and device text.
+              description: lspci's vendor and device text; null from sysfs, which has no names.
               type: str
             device_id:
               description: C(vendor:device) PCI ID.
@@ -219,19 +240,28 @@ ansible_facts:
               description: NVIDIA Corporation GA100 [A100 SXM4 80GB]
               device_id: "10de:20b2"
         pci_count:
-          description: Length of RV(ansible_facts.gpu_facts.pci_gpus); null when lspci could not run.
+          description: Length of RV(ansible_facts.gpu_facts.pci_gpus); null when neither sysfs nor lspci could be read.
           returned: always
           type: int
           sample: 8
         pci_nvswitch_count:
-          description: NVIDIA bridge functions C([0680]) (NVSwitch chips) on the PCI bus; null when lspci could not run.
+          description:
+            - NVIDIA bridge functions C([0680]) (NVSwitch chips) on the PCI bus; null when neither sysfs nor lspci
+              could be read.
           returned: always
           type: int
           sample: 4
+        pci_source:
+          description:
+            - Where RV(ansible_facts.gpu_facts.pci_gpus) came from - C(sysfs) (O(pci_devices_path)), C(lspci) when
+              sysfs could not be read, C(none) when neither could.
+          returned: always
+          type: str
+          sample: sysfs
         missing_from_nvidia_smi:
           description:
             - Bus IDs of GPUs on the PCI bus that nvidia-smi does not list.
-            - Filled only when both nvidia-smi and lspci ran; otherwise empty (compare RV(ansible_facts.gpu_facts.count)
+            - Filled only when both nvidia-smi and the PCI bus could be read; otherwise empty (compare RV(ansible_facts.gpu_facts.count)
               and RV(ansible_facts.gpu_facts.pci_count)).
           returned: always
           type: list
@@ -260,7 +290,7 @@ ansible_facts:
               type: int
           sample: [{"gpus": [0, 1], "links": 12}]
         nvswitch_present:
-          description: Heuristic, see the notes. True when lspci shows NVSwitch bridges or C(topo -m) implies a switch.
+          description: Heuristic, see the notes. True when the PCI bus shows NVSwitch bridges or C(topo -m) implies a switch.
           returned: always
           type: bool
           sample: false
@@ -286,11 +316,13 @@ from ansible_collections.gpu_fleet.tf_hosts.plugins.module_utils.gpu_parsers imp
     parse_lspci_nvswitches,
     parse_proc_driver_version,
     parse_query_gpu,
+    parse_sysfs_pci,
+    parse_sysfs_pci_nvswitches,
     parse_topo_matrix,
 )
 
 if TYPE_CHECKING:  # the module also runs on managed hosts with Python 3.8, where these aliases cannot be built
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable, Mapping, Sequence
 
     # (exit status, stdout, stderr) of one command.
     Runner = Callable[[Sequence[str]], tuple[int, str, str]]
@@ -298,6 +330,8 @@ if TYPE_CHECKING:  # the module also runs on managed hosts with Python 3.8, wher
     Finder = Callable[[str], Optional[str]]  # not str | None: pylint checks this file as Python 3.8
 
 PROC_DRIVER_VERSION = "/proc/driver/nvidia/version"
+# The files of each PCI function folder that the sysfs parser reads (docs.kernel.org/PCI/sysfs-pci.html).
+PCI_DEVICE_FILES = ("vendor", "device", "class")
 EXIT_TIMED_OUT = 124  # what coreutils and busybox `timeout` return
 
 # nvidia-smi exit codes (nvidia-smi(1), RETURN VALUE) and what an administrator does about each.
@@ -401,14 +435,44 @@ def _lspci_facts(
     return query_lspci(run, lspci_path, errors)
 
 
+def _pci_facts(
+    run: Runner,
+    find: Finder,
+    lspci: str,
+    sysfs: tuple[Mapping[str, Mapping[str, str]] | None, str],
+    errors: list[str],
+) -> tuple[str, list[dict[str, Any]] | None, list[str]]:
+    """Where the PCI bus was read ("sysfs", "lspci" or "none"), its NVIDIA GPUs (None when unread), NVSwitch bus IDs.
+
+    sysfs is (read_pci_devices' folder contents or None, why it could not be read); lspci runs only
+    when sysfs gives nothing usable.
+    """
+    devices, why = sysfs
+    if devices is not None:
+        try:
+            return "sysfs", parse_sysfs_pci(devices), parse_sysfs_pci_nvswitches(devices)
+        except ValueError as exc:
+            why = (
+                f"The PCI device folder is not sysfs-like: {exc}. The GPUs were listed with lspci instead; "
+                "point pci_devices_path at /sys/bus/pci/devices or a folder of the same layout."
+            )
+    if why:
+        errors.append(why)
+    pci_gpus, nvswitches = _lspci_facts(run, find, lspci, errors)
+    return ("none" if pci_gpus is None else "lspci"), pci_gpus, nvswitches
+
+
 def _source_and_models(
-    gpus: list[dict[str, Any]] | None, pci_gpus: list[dict[str, str]] | None
+    gpus: list[dict[str, Any]] | None, pci_gpus: list[dict[str, Any]] | None, pci_source: str
 ) -> tuple[str, list[str]]:
-    """Which tool listed the GPUs ("nvidia-smi", "lspci" or "none") and the sorted model names it gave."""
+    """Where the GPUs were listed ("nvidia-smi", "sysfs", "lspci" or "none") and the sorted model names given.
+
+    sysfs and ``lspci -n`` have no names: their GPUs are named by ``vendor:device`` ID.
+    """
     if gpus is not None:
         return "nvidia-smi", sorted({gpu["name"] for gpu in gpus})
     if pci_gpus is not None:
-        return "lspci", sorted({gpu["description"] for gpu in pci_gpus})
+        return pci_source, sorted({gpu["description"] or gpu["device_id"] for gpu in pci_gpus})
     return "none", []
 
 
@@ -418,24 +482,27 @@ def gather_gpu_facts(
     nvidia_smi: str = "nvidia-smi",
     lspci: str = "lspci",
     proc_driver_version: str | None = None,
+    sysfs: tuple[Mapping[str, Mapping[str, str]] | None, str] = (None, ""),
 ) -> dict[str, Any]:
     """Build the gpu_facts dict; all I/O goes through run and find, so tests pass fakes.
 
     proc_driver_version is the text of /proc/driver/nvidia/version, or None when it does not exist.
+    sysfs is what :func:`read_pci_devices` returned; the default (None, "") means "not read" and
+    lists the PCI bus with lspci, without an error.
 
     Raises:
         OutputFormatError: a tool succeeded but its output could not be parsed.
     """
     errors: list[str] = []
     gpus, smi_rc, topology = _smi_facts(run, find, nvidia_smi, errors)
-    pci_gpus, nvswitches = _lspci_facts(run, find, lspci, errors)
+    pci_source, pci_gpus, nvswitches = _pci_facts(run, find, lspci, sysfs, errors)
 
     missing: list[str] = []
     if gpus is not None and pci_gpus is not None:
         # Both parsers give bus IDs in one form (gpu_parsers.normalize_bus_id), so they compare as text.
         seen = {gpu["pci_bus_id"] for gpu in gpus}
         missing = [gpu["pci_bus_id"] for gpu in pci_gpus if gpu["pci_bus_id"] not in seen]
-    source, models = _source_and_models(gpus, pci_gpus)
+    source, models = _source_and_models(gpus, pci_gpus, pci_source)
 
     driver_version = next((gpu["driver_version"] for gpu in gpus or [] if gpu["driver_version"]), None)
     if driver_version is None and proc_driver_version is not None:
@@ -452,6 +519,7 @@ def gather_gpu_facts(
         "pci_gpus": pci_gpus or [],
         "pci_count": None if pci_gpus is None else len(pci_gpus),
         "pci_nvswitch_count": None if pci_gpus is None else len(nvswitches),
+        "pci_source": pci_source,
         "missing_from_nvidia_smi": missing,
         "topology": topology,
         "nvlink_pairs": nvlink_pairs(topology),
@@ -489,6 +557,31 @@ def make_finder(module: AnsibleModule) -> Finder:
     return find
 
 
+def read_pci_devices(path: str) -> tuple[dict[str, dict[str, str]] | None, str]:
+    """The vendor, device and class files of each PCI function folder under path (sysfs layout).
+
+    Returns (bus ID folder -> file name -> text, ""), or (None, why and what to do) when the folder
+    cannot be listed. A file that cannot be read is ''; the parser decides whether that matters.
+    """
+    try:
+        names = sorted(os.listdir(path))
+    except OSError as exc:
+        return None, (
+            f"{path} cannot be read ({exc.strerror or exc}): the GPUs were listed with lspci instead. "
+            "Point pci_devices_path at /sys/bus/pci/devices (or a folder of the same layout)."
+        )
+    devices: dict[str, dict[str, str]] = {}
+    for name in names:
+        files = devices[name] = {}
+        for key in PCI_DEVICE_FILES:
+            try:
+                with open(os.path.join(path, name, key), encoding="ascii", errors="replace") as handle:
+                    files[key] = handle.read()
+            except OSError:
+                files[key] = ""
+    return devices, ""
+
+
 def read_proc_driver_version() -> str | None:
     """Text of /proc/driver/nvidia/version, or None when the kernel module is not loaded."""
     try:
@@ -503,6 +596,7 @@ def main() -> None:
         argument_spec={
             "nvidia_smi_path": {"type": "str", "default": "nvidia-smi"},
             "lspci_path": {"type": "str", "default": "lspci"},
+            "pci_devices_path": {"type": "path", "default": "/sys/bus/pci/devices"},
             "timeout": {"type": "int", "default": 30},
         },
         supports_check_mode=True,
@@ -517,6 +611,7 @@ def main() -> None:
             params["nvidia_smi_path"],
             params["lspci_path"],
             read_proc_driver_version(),
+            read_pci_devices(params["pci_devices_path"]),
         )
     except OutputFormatError as exc:
         module.fail_json(

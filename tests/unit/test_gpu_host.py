@@ -356,7 +356,10 @@ def test_every_check_fires_in_order_with_its_exact_messages():
         ),
         {"skip_checks": ["nvlnk", "zzz"]},
     )
-    names = "os, disk, noexec, nouveau, secure_boot, kernel_headers, gpus_busy, installer_running, mixed_models, pcie_width, nvlink"
+    names = (
+        "os, disk, noexec, nouveau, secure_boot, kernel_headers, gpus_busy, installer_running, gpu_count, "
+        "mixed_models, pcie_width, nvlink"
+    )
     skip_fix = f'Use the names {names}, as a list: -e \'{{"gpu_preflight_skip_checks": ["disk"]}}\'.'
     assert result["problems"][3:] == [
         {
@@ -430,9 +433,74 @@ def test_hardware_advice_exact_messages():
 
 def test_check_table_messages_and_names_agree():
     running_order = (
-        "os disk noexec nouveau secure_boot kernel_headers installer_running gpus_busy mixed_models pcie_width nvlink"
+        "os disk noexec nouveau secure_boot kernel_headers installer_running gpus_busy gpu_count mixed_models "
+        "pcie_width nvlink"
     )
     assert [name for name, _check, _scope in gpu_host.CHECKS] == running_order.split()
     assert {name for name, _check, _scope in gpu_host.CHECKS} == set(gpu_host.HOST_CHECKS)
     assert set(gpu_host.MESSAGES) == set(gpu_host.HOST_CHECKS) | {"skip_checks"}
     assert {scope for _name, _check, scope in gpu_host.CHECKS} == {"host", "kernel", "hardware"}
+
+
+# --- gpu_count: fewer GPUs than the inventory expects -------------------------------------------------
+
+SYSFS_2 = [
+    {"pci_bus_id": "0000:07:00.0", "description": None, "device_id": "10de:20b2"},
+    {"pci_bus_id": "0000:0f:00.0", "description": None, "device_id": "10de:20b2"},
+]
+GPU_COUNT_FIX = (
+    "Reseat or power the missing GPUs and check that the BIOS enables their slots (`lspci -nn -d 10de:` lists what "
+    "the PCI bus shows), or correct the expected count in the inventory (gpu_verify_expected_gpu_count or "
+    "gpu_preflight_expected_gpu_count) if this host has 2."
+)
+
+
+def no_driver(**over):
+    """nvidia_gpu_facts of a host without a driver whose PCI bus was read from sysfs."""
+    gpus = {"source": "sysfs", "count": 0, "gpus": [], "models": ["10de:20b2"], "nvlink_pairs": []}
+    gpus.update(pci_source="sysfs", pci_count=2, pci_gpus=SYSFS_2)
+    gpus.update(over)
+    return gpus
+
+
+def test_fewer_gpus_than_expected_before_any_driver_names_the_bus_ids():
+    result = gpu_host.check_host(facts(gpus=no_driver(), expected_gpu_count=4))
+    assert result["ok"] is False
+    assert result["problems"] == [
+        {
+            "check": "gpu_count",
+            "cause": "4 GPUs expected, 2 seen: nvidia-smi gave no list, sysfs shows 2 on the PCI bus; "
+            "bus IDs seen: 0000:07:00.0, 0000:0f:00.0.",
+            "fix": GPU_COUNT_FIX,
+        }
+    ]
+
+
+@pytest.mark.parametrize("expected", [None, "", 1, 2])
+def test_enough_gpus_or_no_expectation_passes(expected):
+    assert gpu_host.check_host(facts(gpus=no_driver(), expected_gpu_count=expected))["ok"] is True
+
+
+def test_gpu_count_takes_the_larger_of_nvidia_smi_and_the_pci_bus():
+    # A GPU fell off the bus: nvidia-smi lists 1, sysfs still shows 2, so 2 are "seen".
+    fallen = no_driver(source="nvidia-smi", count=1, gpus=[dict(A100, pci_bus_id="0000:07:00.0")])
+    assert gpu_host.check_host(facts(gpus=fallen, expected_gpu_count=2))["ok"] is True
+    (problem,) = gpu_host.check_host(facts(gpus=fallen, expected_gpu_count=3))["problems"]
+    assert problem["cause"] == (
+        "3 GPUs expected, 2 seen: nvidia-smi lists 1, sysfs shows 2 on the PCI bus; "
+        "bus IDs seen: 0000:07:00.0, 0000:0f:00.0."
+    )
+    # nvidia-smi lists more than the PCI bus shows (lspci could not see the passed-through GPUs).
+    smi_only = no_driver(source="nvidia-smi", count=2, pci_source="lspci", pci_count=0, pci_gpus=[])
+    assert gpu_host.check_host(facts(gpus=smi_only, expected_gpu_count=2))["ok"] is True
+
+
+def test_gpu_count_with_nothing_readable_says_so_and_can_be_skipped():
+    blind = {"source": "none", "count": 0, "gpus": [], "pci_source": "none", "pci_count": None, "pci_gpus": []}
+    result = gpu_host.check_host(facts(gpus=blind, expected_gpu_count=1))
+    assert [p["cause"] for p in result["problems"]] == [
+        "1 GPUs expected, 0 seen: nvidia-smi gave no list, the PCI bus could not be read; bus IDs seen: none."
+    ]
+    skipped = gpu_host.check_host(facts(gpus=blind, expected_gpu_count=1), {"skip_checks": ["gpu_count"]})
+    assert skipped["ok"] is True
+    assert checks(skipped, "overridden") == ["gpu_count"]

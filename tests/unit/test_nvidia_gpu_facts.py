@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -547,6 +549,7 @@ def test_gather_nothing_available() -> None:
         "pci_gpus": [],
         "pci_count": None,
         "pci_nvswitch_count": None,
+        "pci_source": "none",
         "missing_from_nvidia_smi": [],
         "topology": {},
         "nvlink_pairs": [],
@@ -592,6 +595,8 @@ def run_main(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
     monkeypatch.setattr(facts_module.AnsibleModule, "run_command", fake_run_command)
     monkeypatch.setattr(facts_module.AnsibleModule, "get_bin_path", lambda self, name, *a, **k: host.find(name))
     monkeypatch.setattr(facts_module, "PROC_DRIVER_VERSION", "/nonexistent/proc/driver/nvidia/version")
+    # This machine's own /sys has no NVIDIA GPU: tests that give no folder read none.
+    args = {"pci_devices_path": "/nonexistent/sys/bus/pci/devices", **args}
     with patch_module_args(args), pytest.raises(SystemExit):
         facts_module.main()
     return json.loads(capsys.readouterr().out)
@@ -633,3 +638,132 @@ def test_main_rejects_zero_timeout(monkeypatch: pytest.MonkeyPatch, capsys: pyte
     result = run_main(monkeypatch, capsys, {"timeout": 0}, FakeHost({}, {}))
     assert result["failed"] is True
     assert result["msg"] == "timeout must be at least 1 second, got 0."
+
+
+# --- the PCI bus from sysfs -------------------------------------------------------------------------
+
+A100_3D = ("0x10de", "0x20b2", "0x030200")
+SYSFS_MIXED = {
+    "0000:00:00.0": ("0x8086", "0x09a2", "0x060000"),  # Intel host bridge
+    "0000:07:00.0": A100_3D,
+    "0000:0f:00.0": A100_3D,
+    "0000:0f:00.1": ("0x10de", "0x1aef", "0x040300"),  # NVIDIA audio function
+    "0000:65:00.0": ("0x10de", "0x2204", "0x030000"),  # GeForce (VGA)
+    "0000:c5:00.0": ("0x10de", "0x22a3", "0x068000"),  # NVSwitch bridge
+}
+
+
+def sysfs_files(devices: dict[str, tuple[str, str, str]]) -> dict[str, dict[str, str]]:
+    """What read_pci_devices returns for these (vendor, device, class) triples."""
+    return {bus: dict(zip(("vendor", "device", "class"), (f"{v}\n" for v in ids))) for bus, ids in devices.items()}
+
+
+def sysfs_tree(root: Path, devices: dict[str, tuple[str, str, str]]) -> Path:
+    """A folder in the /sys/bus/pci/devices layout."""
+    for bus, files in sysfs_files(devices).items():
+        (root / bus).mkdir(parents=True)
+        for name, text in files.items():
+            (root / bus / name).write_text(text, encoding="ascii")
+    return root
+
+
+def test_sysfs_keeps_nvidia_display_and_3d_functions_only() -> None:
+    assert gpu_parsers.parse_sysfs_pci(sysfs_files(SYSFS_MIXED)) == [
+        {"pci_bus_id": "0000:07:00.0", "description": None, "device_id": "10de:20b2"},
+        {"pci_bus_id": "0000:0f:00.0", "description": None, "device_id": "10de:20b2"},
+        {"pci_bus_id": "0000:65:00.0", "description": None, "device_id": "10de:2204"},
+    ]
+    assert gpu_parsers.parse_sysfs_pci_nvswitches(sysfs_files(SYSFS_MIXED)) == ["0000:c5:00.0"]
+
+
+def test_sysfs_agrees_with_lspci_on_the_same_bus() -> None:
+    lspci = "0000:07:00.0 0302: 10de:20b2 (rev a1)\n0000:0f:00.0 0302: 10de:20b2 (rev a1)\n"
+    assert gpu_parsers.parse_sysfs_pci(sysfs_files({"0000:07:00.0": A100_3D, "0000:0F:00.0": A100_3D})) == (
+        gpu_parsers.parse_lspci(lspci)
+    )
+
+
+def test_sysfs_skips_folders_that_are_no_bus_id_and_rejects_garbage() -> None:
+    files = sysfs_files({"0000:07:00.0": A100_3D})
+    files["not-a-device"] = {"vendor": "", "device": "", "class": ""}
+    assert [gpu["pci_bus_id"] for gpu in gpu_parsers.parse_sysfs_pci(files)] == ["0000:07:00.0"]
+    files["0000:0f:00.0"] = {"vendor": "0x10de\n", "device": "0x20b2\n", "class": ""}
+    with pytest.raises(ValueError, match=r"0000:0f:00.0/class is '', not a 6-digit hexadecimal number"):
+        gpu_parsers.parse_sysfs_pci(files)
+
+
+def test_read_pci_devices_reads_the_sysfs_layout(tmp_path: Path) -> None:
+    root = sysfs_tree(tmp_path / "devices", {"0000:07:00.0": A100_3D})
+    (root / "0000:07:00.0" / "device").unlink()
+    devices, why = facts_module.read_pci_devices(str(root))
+    assert why == ""
+    assert devices == {"0000:07:00.0": {"vendor": "0x10de\n", "device": "", "class": "0x030200\n"}}
+    missing, why = facts_module.read_pci_devices(str(tmp_path / "nowhere"))
+    assert missing is None
+    assert why == (
+        f"{tmp_path / 'nowhere'} cannot be read (No such file or directory): the GPUs were listed with lspci instead. "
+        "Point pci_devices_path at /sys/bus/pci/devices (or a folder of the same layout)."
+    )
+
+
+def test_gather_before_any_driver_reads_sysfs_not_lspci() -> None:
+    host = host_for("no-driver", tools={"nvidia-smi": None, "lspci": "/usr/bin/lspci"})
+    facts = facts_module.gather_gpu_facts(host.run, host.find, sysfs=(sysfs_files(SYSFS_MIXED), ""))
+    assert facts["source"] == facts["pci_source"] == "sysfs"
+    assert facts["pci_count"] == 3
+    assert facts["pci_nvswitch_count"] == 1
+    assert facts["nvswitch_present"] is True
+    assert facts["models"] == ["10de:20b2", "10de:2204"]
+    assert host.commands == []
+
+
+def test_gather_with_driver_compares_nvidia_smi_with_sysfs() -> None:
+    host = host_for("a100x2-one-missing")
+    sysfs = (sysfs_files({"0000:07:00.0": A100_3D, "0000:0f:00.0": A100_3D}), "")
+    facts = facts_module.gather_gpu_facts(host.run, host.find, sysfs=sysfs)
+    assert facts["source"] == "nvidia-smi"
+    assert facts["pci_source"] == "sysfs"
+    assert (facts["count"], facts["pci_count"]) == (1, 2)
+    assert facts["missing_from_nvidia_smi"] == ["0000:0f:00.0"]
+    assert [command[1] for command in host.commands] == [QUERY_ARG, "topo"]
+
+
+def test_gather_unreadable_sysfs_falls_back_to_lspci_and_says_why() -> None:
+    host = host_for("no-driver", tools={"nvidia-smi": None, "lspci": "/usr/bin/lspci"})
+    facts = facts_module.gather_gpu_facts(host.run, host.find, sysfs=(None, "/sys/bus/pci/devices cannot be read."))
+    assert facts["source"] == facts["pci_source"] == "lspci"
+    assert facts["pci_count"] == 2
+    assert facts["errors"][1] == "/sys/bus/pci/devices cannot be read."
+    garbage = {"0000:07:00.0": {"vendor": "banana", "device": "", "class": ""}}
+    facts = facts_module.gather_gpu_facts(host.run, host.find, sysfs=(garbage, ""))
+    assert facts["pci_source"] == "lspci"
+    assert facts["errors"][1] == (
+        "The PCI device folder is not sysfs-like: 0000:07:00.0/vendor is 'banana', not a 4-digit hexadecimal number. "
+        "The GPUs were listed with lspci instead; point pci_devices_path at /sys/bus/pci/devices or a folder of the "
+        "same layout."
+    )
+
+
+def test_main_reads_pci_devices_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = sysfs_tree(tmp_path / "devices", SYSFS_MIXED)
+    host = FakeHost({"lspci": "/usr/bin/lspci"}, {})
+    facts = run_main(monkeypatch, capsys, {"pci_devices_path": str(root)}, host)["ansible_facts"]["gpu_facts"]
+    assert facts["source"] == "sysfs"
+    assert [gpu["pci_bus_id"] for gpu in facts["pci_gpus"]] == ["0000:07:00.0", "0000:0f:00.0", "0000:65:00.0"]
+    assert host.commands == []
+
+
+@pytest.mark.parametrize("description", sorted((ROOT / "tests" / "fixtures" / "nvidia" / "gpus").glob("*.json")))
+def test_sandbox_pci_fixture_matches_the_standin_nvidia_smi(tmp_path: Path, description: Path) -> None:
+    """The sandbox image's PCI folder (pci_sysfs.py) lists each GPU at the bus ID the stand-in nvidia-smi prints."""
+    script = ROOT / "tests" / "fixtures" / "nvidia" / "pci_sysfs.py"
+    subprocess.run(
+        [sys.executable, str(script), "--gpus", str(description), "--out", str(tmp_path / "devices")], check=True
+    )
+    devices, why = facts_module.read_pci_devices(str(tmp_path / "devices"))
+    assert why == ""
+    gpus = json.loads(description.read_text(encoding="utf-8"))["gpus"]
+    expected = sorted(gpu_parsers.normalize_bus_id(gpu["pci_bus_id"]) for gpu in gpus)
+    assert [gpu["pci_bus_id"] for gpu in gpu_parsers.parse_sysfs_pci(devices)] == expected

@@ -21,7 +21,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from ansible_run import run_playbook
 
-BAD_HOSTS = ["tf215-cudnn86", "cuda122-drv525", "tf217-cc52", "py312", "noexec", "disk"]
+BAD_HOSTS = ["tf215-cudnn86", "cuda122-drv525", "tf217-cc52", "py312", "noexec", "disk", "gpucount"]
 INSTALLED_PATHS = [
     "/usr/local/cuda-11.8",
     "/usr/local/cuda",
@@ -112,6 +112,15 @@ def test_too_little_disk_lists_every_location(site_run):
     ):
         assert f"({purpose}) is on" in msg, purpose
     assert "104,857,600 MiB is needed" in msg
+
+
+def test_fewer_gpus_than_expected_before_any_driver(site_run):
+    msg = _failure(site_run, "gpucount")
+    assert (
+        "4 GPUs expected, 2 seen: nvidia-smi gave no list, sysfs shows 2 on the PCI bus; "
+        "bus IDs seen: 0000:07:00.0, 0000:0f:00.0. Reseat or power the missing GPUs"
+    ) in msg
+    assert "gpu_verify_expected_gpu_count" in msg
 
 
 def test_rtx3090_x8_passes_with_warnings(host):
