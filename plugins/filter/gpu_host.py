@@ -36,7 +36,9 @@ from ansible_collections.gpu_fleet.tf_hosts.plugins.module_utils.gpu_parsers imp
 
 MIB = 1024 * 1024
 HOST_CHECKS = (
+    "root",
     "os",
+    "venv_occupied",
     "disk",
     "noexec",
     "nouveau",
@@ -81,12 +83,22 @@ def _target(want: dict) -> str:
 
 
 def _mib(value: float) -> str:
-    return f"{value / MIB:,.0f} MiB"
+    """Bytes as MiB; below 1 MiB as KiB, so that a tiny tmpfs does not read "0 MiB free; 0 MiB needed"."""
+    return f"{value / MIB:,.0f} MiB" if value >= MIB else f"{value / 1024:,.0f} KiB"
 
 
 # What each check reports: (cause, fix) templates, filled with str.format from the fields a check
 # function returns for each finding. "skip_checks" reports settings that name an unknown check.
 MESSAGES: dict[str, tuple[str, str]] = {
+    "root": (
+        "Tasks run as {user} (uid {uid}), not root; the driver, the toolkits and the venvs need root.",
+        "Connect as root, or let Ansible become root: become: true (ansible_become) with a user that may sudo.",
+    ),
+    "venv_occupied": (
+        "{path} (venv of stack {stack}) exists and is not a virtual environment (no pyvenv.cfg); "
+        "python -m venv would mix its files with what is there.",
+        "Move what is there elsewhere, or set the stack's venv: to a new folder.",
+    ),
     "os": (
         "{dist} {major} is not a supported OS ({names}).",
         "Use a supported release, or add it to the role's supported list after testing it.",
@@ -273,11 +285,30 @@ def _nvlink(facts: dict) -> list[dict[str, Any]]:
     return []
 
 
+def _root(facts: dict) -> list[dict[str, Any]]:
+    user = facts.get("user") or {}
+    return [] if user.get("uid", 0) == 0 else [{"user": user.get("name", "?"), "uid": user.get("uid")}]
+
+
+def _venv_occupied(facts: dict) -> list[dict[str, Any]]:
+    """Venv folders that exist and hold something other than a venv (an empty folder is fine)."""
+    entries = set(facts.get("venv_entries") or [])
+    present = set(facts.get("present") or [])
+    found = []
+    for stack, path in (facts.get("venvs") or {}).items():
+        inside = {entry for entry in entries if posixpath.dirname(entry) == path}
+        if path in present and inside and posixpath.join(path, "pyvenv.cfg") not in inside:
+            found.append({"path": path, "stack": stack})
+    return found
+
+
 # (check name, check function, scope), run in this order. Scope "kernel": only where the run builds
 # kernel modules (facts['manage_kernel']); "hardware": advice, a warning unless strict_hardware;
 # "host": always a problem. HOST_CHECKS holds the same names, in the order messages list them.
 CHECKS = (
+    ("root", _root, "host"),
     ("os", _os_supported, "host"),
+    ("venv_occupied", _venv_occupied, "host"),
     ("disk", _disk_space, "host"),
     ("noexec", _noexec, "host"),
     ("nouveau", _nouveau, "kernel"),
@@ -323,6 +354,9 @@ def check_host(facts: dict, settings: dict | None = None) -> dict:
             expected_gpu_count: int | None,  # GPUs the inventory says the host has; None: not checked
             compute_apps: [{pid, process_name, gpu_uuid, used_memory_mib}],
             driver_change: bool,             # the run would install a different driver
+            user: {name, uid},               # who the tasks run as (missing: root)
+            venvs: {stack name: venv folder}, present: [paths that exist],
+            venv_entries: [paths of what is directly inside the venv folders],
             installers: [str],               # "<pid> <command line>" of installers still running
         }``
         settings: ``{strict_hardware: bool, skip_checks: [check names], allow_unsupported: bool}``.

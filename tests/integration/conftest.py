@@ -20,13 +20,27 @@ IMAGE = os.environ.get("GPU_SANDBOX_IMAGE", "localhost/gpu-sandbox-debian:12")
 STANDINS = ROOT / "build/standins"
 
 
-def start_container(prefix: str) -> str:
-    """Start a new sandbox container named ``<prefix>-<random>``; returns its name."""
+def start_container(prefix: str, *options: str) -> str:
+    """Start a new sandbox container named ``<prefix>-<random>`` (extra ``podman run`` options
+    before the image); returns its name."""
     if shutil.which("podman") is None or not (STANDINS / "artifacts.yml").exists():
         pytest.fail("needs podman, the sandbox image and the stand-ins: run `make image standins` first")
     name = f"{prefix}-{uuid.uuid4().hex[:8]}"
     limits = ["--ulimit", "nofile=1024:1024", "--ulimit", "nproc=4096:4096"]
-    argv = ["podman", "run", "-d", "--name", name, "--runtime=runc", "--init", *limits, IMAGE, "sleep", "infinity"]
+    argv = [
+        "podman",
+        "run",
+        "-d",
+        "--name",
+        name,
+        "--runtime=runc",
+        "--init",
+        *limits,
+        *options,
+        IMAGE,
+        "sleep",
+        "infinity",
+    ]
     subprocess.run(argv, check=True, capture_output=True)
     return name
 
@@ -51,6 +65,6 @@ def fresh_host(tmp_path):
     stop_container(name)
 
 
-def site(inventory: Path, *extra: str, playbook: str = "site.yml") -> subprocess.CompletedProcess:
+def site(inventory: Path, *extra: str, playbook: str = "site.yml", timeout: int = 900) -> subprocess.CompletedProcess:
     """Run ``playbook`` (relative to the project) against ``inventory`` with extra arguments."""
-    return run_playbook(playbook, inventory, *extra)
+    return run_playbook(playbook, inventory, *extra, timeout=timeout)

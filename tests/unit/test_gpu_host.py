@@ -357,8 +357,8 @@ def test_every_check_fires_in_order_with_its_exact_messages():
         {"skip_checks": ["nvlnk", "zzz"]},
     )
     names = (
-        "os, disk, noexec, nouveau, secure_boot, kernel_headers, gpus_busy, installer_running, gpu_count, "
-        "mixed_models, pcie_width, nvlink"
+        "root, os, venv_occupied, disk, noexec, nouveau, secure_boot, kernel_headers, gpus_busy, installer_running, "
+        "gpu_count, mixed_models, pcie_width, nvlink"
     )
     skip_fix = f'Use the names {names}, as a list: -e \'{{"gpu_preflight_skip_checks": ["disk"]}}\'.'
     assert result["problems"][3:] == [
@@ -433,13 +433,40 @@ def test_hardware_advice_exact_messages():
 
 def test_check_table_messages_and_names_agree():
     running_order = (
-        "os disk noexec nouveau secure_boot kernel_headers installer_running gpus_busy gpu_count mixed_models "
-        "pcie_width nvlink"
+        "root os venv_occupied disk noexec nouveau secure_boot kernel_headers installer_running gpus_busy gpu_count"
+        " mixed_models pcie_width nvlink"
     )
     assert [name for name, _check, _scope in gpu_host.CHECKS] == running_order.split()
     assert {name for name, _check, _scope in gpu_host.CHECKS} == set(gpu_host.HOST_CHECKS)
     assert set(gpu_host.MESSAGES) == set(gpu_host.HOST_CHECKS) | {"skip_checks"}
     assert {scope for _name, _check, scope in gpu_host.CHECKS} == {"host", "kernel", "hardware"}
+
+
+def test_tasks_not_run_as_root_stop_the_host_with_the_user_named():
+    result = gpu_host.check_host(facts(user={"name": "deploy", "uid": 1000}))
+    assert checks(result) == ["root"]
+    assert result["problems"][0]["cause"].startswith("Tasks run as deploy (uid 1000), not root")
+    assert "become: true" in result["problems"][0]["fix"]
+    assert gpu_host.check_host(facts(user={"name": "root", "uid": 0}))["ok"]
+
+
+@pytest.mark.parametrize(
+    ("present", "entries", "occupied"),
+    [
+        (["/opt/tf"], ["/opt/tf/train.csv"], True),  # data where the venv would go
+        (["/opt/tf"], ["/opt/tf/pyvenv.cfg", "/opt/tf/bin"], False),  # a venv already
+        (["/opt/tf"], [], False),  # an empty folder (a mount point made for it)
+        ([], [], False),  # nothing there yet
+        (["/opt/tf"], ["/opt/tf/sub/pyvenv.cfg", "/opt/tf/sub"], True),  # a venv one level down is not this one
+    ],
+)
+def test_a_venv_folder_holding_other_files_stops_the_host(present, entries, occupied):
+    result = gpu_host.check_host(facts(venvs={"tf2.12": "/opt/tf"}, present=present, venv_entries=entries))
+    assert checks(result) == (["venv_occupied"] if occupied else [])
+    if occupied:
+        assert result["problems"][0]["cause"].startswith(
+            "/opt/tf (venv of stack tf2.12) exists and is not a virtual environment (no pyvenv.cfg)"
+        )
 
 
 # --- gpu_count: fewer GPUs than the inventory expects -------------------------------------------------

@@ -1,0 +1,314 @@
+"""The bad-input suite: one run of the real site.yml, many bad inventories, one healthy host.
+
+Every case is an inventory host of its own with one bad input. All of them point at the same fresh
+sandbox container (``ansible_host``), except the cases that need a host of another kind (an
+unsupported OS). One more container is a healthy host with the sandbox's own settings, provisioned
+in the same run. Each case must:
+
+1. fail in the first play (preflight), before any change: a listing of /usr/local, /opt and /etc
+   of its container, taken before the run, is unchanged after it;
+2. say the cause and the fix (the case's expected phrases, all of them);
+3. leave the other hosts alone: the healthy host converges and verifies in the same run.
+
+The module prints a table of cases and results. Cases that need state on the host (a folder that
+is not a venv, a small tmpfs, a non-root user) set it up before the listing is taken.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import ROOT, site, start_container, stop_container
+
+TF = {"name": "tf2.12", "tensorflow": "2.12", "cuda": "11.8", "cudnn": "8.6", "package": "tensorflow-cpu"}
+PREFLIGHT_PLAY = "Check the pinned stacks, the hosts and the artifacts before any change"
+LISTED = ["/usr/local", "/opt", "/etc"]
+SMALL_TMPFS = "/var/tmp/small"
+
+
+def stacks(*items: dict, **default: str) -> dict:
+    """Inventory variables for a list of stacks (each a change of the sandbox's tf2.12)."""
+    out: dict = {"gpu_preflight_stacks": [{**TF, **item} for item in items]}
+    if default:
+        out["gpu_preflight_default_stack"] = default["default"]
+    return out
+
+
+@dataclass(frozen=True)
+class Case:
+    """One bad input: inventory variables, phrases the failure must contain, the container it uses."""
+
+    id: str
+    vars: dict
+    expect: tuple[str, ...]
+    container: str = "main"
+    extra: dict = field(default_factory=dict)
+
+
+CASES = [
+    Case(
+        "default_stack_unknown",
+        {"gpu_preflight_default_stack": "tf9"},
+        ("The default stack 'tf9' is not one of", "Set gpu_preflight_default_stack to one of the stack names"),
+    ),
+    Case(
+        "tensorflow_pin_malformed",
+        stacks({"tensorflow": "2.x"}),
+        ("The tensorflow pin '2.x' is not a version like 2.12", "Write it as X.Y or X.Y.Z, in quotes"),
+    ),
+    Case(
+        "tensorflow_unknown",
+        stacks({"tensorflow": "2.99"}),
+        ("TensorFlow 2.99 is not in the version matrix", "add a row with its sources"),
+    ),
+    Case(
+        "cuda_pin_malformed",
+        stacks({"cuda": "eleven"}),
+        ("The cuda pin 'eleven' is not a version like 11.8", "Write it as X.Y or X.Y.Z"),
+    ),
+    Case(
+        "cuda_other_major",
+        stacks({"cuda": "12.2"}),
+        ("CUDA 12.2 is another major release", "Pin CUDA 11.8 for TensorFlow 2.12"),
+    ),
+    Case(
+        "cudnn_pin_malformed",
+        stacks({"cudnn": "8.x"}),
+        ("The cudnn pin '8.x' is not a version like 8.6", "Write it as X.Y, X.Y.Z or X.Y.Z.B"),
+    ),
+    Case("cudnn_too_old", stacks({"cudnn": "8.1"}), ("it refuses cuDNN 8.1", "Pin cuDNN 8.6 for TensorFlow 2.12")),
+    Case(
+        "duplicate_stacks",
+        stacks({}, {}),
+        ("Stack name 'tf2.12' is used twice", "Give every stack in gpu_preflight_stacks its own name"),
+    ),
+    Case(
+        "name_with_space",
+        stacks({"name": "tf 2.12"}, default="tf 2.12"),
+        ("Stack name 'tf 2.12' is not safe in file names", "letters, digits"),
+    ),
+    Case(
+        "name_with_slash",
+        stacks({"name": "a/b"}, default="a/b"),
+        ("Stack name 'a/b' is not safe in file names", "letters, digits"),
+    ),
+    Case("name_is_a_number", stacks({"name": 2.12}), ("Stack name 2.12 is a number, not text", "Quote the name")),
+    Case(
+        "stack_key_misspelt",
+        {"gpu_preflight_stacks": [{"name": "tf2.12", "tensorflw": "2.12"}]},
+        ("Unknown key", "tensorflw", "check the spelling"),
+    ),
+    Case(
+        "stack_without_tensorflow",
+        {"gpu_preflight_stacks": [{"name": "tf2.12"}]},
+        ("The stack has no 'tensorflow'", "Give every item of gpu_preflight_stacks a 'tensorflow'"),
+    ),
+    Case(
+        "no_stacks", {"gpu_preflight_stacks": []}, ("No stack is pinned", "Set gpu_preflight_stacks in the inventory")
+    ),
+    Case(
+        "venv_relative",
+        stacks({"venv": "envs/tf"}),
+        ("venv 'envs/tf' is not an absolute path", "Set venv: to an absolute path of its own"),
+    ),
+    Case(
+        "venv_system_folder",
+        stacks({"venv": "/usr"}),
+        ("a folder the system or other software shares", "Set venv: to a folder of its own"),
+    ),
+    Case(
+        "venv_inside_cuda",
+        stacks({"venv": "/usr/local/cuda-11.8/venv"}),
+        ("the CUDA toolkit trees the CUDA installer owns", "Set venv: to a folder of its own"),
+    ),
+    Case(
+        "venv_shared",
+        stacks({}, {"name": "tf2.12b", "venv": "/opt/tensorflow/2.12"}),
+        ("share the virtual environment", "so that each stack has its own"),
+    ),
+    Case(
+        "venv_not_a_venv",
+        stacks({"venv": "/opt/datasets"}),
+        ("/opt/datasets (venv of stack tf2.12) exists and is not a virtual environment", "Move what is there elsewhere"),
+    ),
+    Case(
+        "python_relative",
+        stacks({"python": "python3"}),
+        ("python 'python3' is not an absolute path", "Set python: to the interpreter's full path"),
+    ),
+    Case(
+        "python_missing",
+        stacks({"python": "/usr/bin/python3.99"}),
+        ("Could not read the version of /usr/bin/python3.99 on the host", "Install Python"),
+    ),
+    Case(
+        "expected_gpus_zero",
+        {"gpu_verify_expected_gpu_count": 0},
+        ("gpu_verify_expected_gpu_count is 0", "a whole number of GPUs of at least 1"),
+    ),
+    Case(
+        "expected_gpus_negative",
+        {"gpu_verify_expected_gpu_count": -2},
+        ("gpu_verify_expected_gpu_count is -2", "a whole number of GPUs of at least 1"),
+    ),
+    Case(
+        "skip_checks_misspelt",
+        {"gpu_preflight_skip_checks": ["dsk"]},
+        ("gpu_preflight_skip_checks names an unknown check 'dsk'", "Use the names"),
+    ),
+    Case(
+        "driver_not_in_manifest",
+        {"nvidia_driver_version": "535.104.05"},
+        ("NVIDIA-Linux-x86_64-535.104.05.run has no sha256", "unpinned files are never installed"),
+    ),
+    Case(
+        "driver_version_latest",
+        {"nvidia_driver_version": "latest"},
+        ("nvidia_driver_version 'latest' is not an exact driver version", "535.104.05"),
+    ),
+    Case(
+        "manifest_overlay_missing",
+        {"gpu_preflight_manifest_overlays": ["/nonexistent/overlay.yml"]},
+        ("/nonexistent/overlay.yml does not exist on the controller", "gpu_preflight_manifest_overlays"),
+    ),
+    Case(
+        "pip_index_unreachable",
+        {"tf_venv_pip_index_url": "http://127.0.0.1:9/simple/"},
+        ("127.0.0.1:9", "cannot be reached from the host", "tf_venv_pip_index_url"),
+    ),
+    Case(
+        "ca_bundle_missing",
+        {"tf_venv_pip_ca_bundle": "/nonexistent/corp-ca.pem"},
+        ("/nonexistent/corp-ca.pem does not exist on the controller", "tf_venv_pip_ca_bundle"),
+    ),
+    Case(
+        "cuda_tmpdir_too_small",
+        {"cuda_toolkit_tmpdir": SMALL_TMPFS},
+        (f"{SMALL_TMPFS} (CUDA installer scratch) is on {SMALL_TMPFS}", "point cuda_toolkit_tmpdir at a larger disk"),
+    ),
+    Case(
+        "cuda_link_over_a_folder",
+        {"cuda_toolkit_default_symlink": "/usr/lib"},
+        ("cuda_toolkit_default_symlink /usr/lib", "not a symbolic link", "/usr/local/cuda"),
+    ),
+    Case(
+        "not_root", {"ansible_user": "deploy", "ansible_become": False}, ("Tasks run as deploy", "not root", "become")
+    ),
+    Case("unsupported_os", {}, ("Debian 11 is not a supported OS", "Use a supported release"), container="os"),
+]
+
+
+def _container_setup(name: str, kind: str) -> None:
+    script = {
+        # A folder of data where a stack's venv should go, and a user without sudo.
+        "main": "mkdir -p /opt/datasets && echo x > /opt/datasets/train.csv && useradd -m deploy",
+        # An older Debian: the OS facts come from /etc/os-release.
+        "os": "sed -i -e 's/^VERSION_ID=.*/VERSION_ID=\"11\"/' -e 's/bookworm/bullseye/g' /etc/os-release "
+        "&& rm -f /etc/debian_version && echo 11.9 > /etc/debian_version",
+    }[kind]
+    subprocess.run(["podman", "exec", name, "sh", "-c", script], check=True, capture_output=True)
+
+
+def _listing(name: str) -> list[str]:
+    """Every path under the listed folders with its type, size and modification time."""
+    out = subprocess.run(
+        ["podman", "exec", name, "find", *LISTED, "-xdev", "-printf", r"%p %y %s %T@\n"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return sorted(out.splitlines())
+
+
+def _failures(output: str) -> dict[str, list[tuple[str, str]]]:
+    """host -> [(play, failure text)] from the default callback's output."""
+    found: dict[str, list[tuple[str, str]]] = {}
+    play, current = "", None
+    for line in output.splitlines():
+        if line.startswith("PLAY ["):
+            play = line[6 : line.rfind("]")]
+        head = re.match(r"^(fatal|failed): \[([^\]]+)\]", line)
+        if head:
+            current = found.setdefault(head.group(2), [])
+            current.append((play, line))
+        elif re.match(r"^(TASK|PLAY|RUNNING|ok:|changed:|skipping:|included:|\[ERROR\]|\[WARNING\])", line):
+            current = None
+        elif current is not None:
+            current[-1] = (current[-1][0], current[-1][1] + "\n" + line)
+    return found
+
+
+@pytest.fixture(scope="module")
+def suite_run(tmp_path_factory):
+    """Start the containers, write the inventory, take the listings, run site.yml once."""
+    tmp = tmp_path_factory.mktemp("bad-input-suite")
+    containers = {
+        "main": start_container("gpu-badsuite", f"--tmpfs={SMALL_TMPFS}:rw,exec,size=4k"),
+        "os": start_container("gpu-badsuite-os"),
+        "healthy": start_container("gpu-badsuite-ok"),
+    }
+    try:
+        for kind in ("main", "os"):
+            _container_setup(containers[kind], kind)
+        hosts = {f"bad-{case.id}": {"ansible_host": containers[case.container], **case.vars} for case in CASES}
+        hosts[containers["healthy"]] = {}
+        inventory = tmp / "inventory"
+        inventory.mkdir()
+        (inventory / "group_vars").symlink_to(ROOT / "inventories/sandbox/group_vars")
+        group = {"gpu_hosts": {"hosts": hosts, "vars": {"ansible_connection": "containers.podman.podman"}}}
+        (inventory / "hosts.yml").write_text(yaml.safe_dump(group))
+        before = {kind: _listing(name) for kind, name in containers.items() if kind != "healthy"}
+        report = tmp / "reports"
+        out = site(inventory, "-e", f"gpu_verify_report_dir={report}", timeout=2400)
+        (tmp / "site.out").write_text(out.stdout + out.stderr)
+        after = {kind: _listing(name) for kind, name in containers.items() if kind != "healthy"}
+        yield {"out": out, "before": before, "after": after, "healthy": containers["healthy"], "report": report, "output_file": tmp / "site.out"}
+    finally:
+        for name in containers.values():
+            stop_container(name)
+
+
+def _verdict(case: Case, run: dict) -> list[str]:
+    """What is wrong with one case's outcome; empty when it passed."""
+    failures = _failures(run["out"].stdout).get(f"bad-{case.id}", [])
+    wrong = []
+    if not failures:
+        wrong.append("the host did not fail")
+    elif failures[0][0] != PREFLIGHT_PLAY:
+        wrong.append(f"it failed in play {failures[0][0]!r}, not in preflight")
+    text = "\n".join(text for _, text in failures)
+    wrong += [f"no {phrase!r} in its message" for phrase in case.expect if phrase not in text]
+    if run["before"][case.container] != run["after"][case.container]:
+        changed = sorted(set(run["after"][case.container]) ^ set(run["before"][case.container]))
+        wrong.append(f"{case.container} container changed: {changed[:5]}")
+    return wrong
+
+
+def test_every_bad_input_stops_its_host_before_any_change(suite_run, capsys):
+    verdicts = {case.id: _verdict(case, suite_run) for case in CASES}
+    with capsys.disabled():
+        print(f"\n{'case':34} result")
+        for case_id, wrong in verdicts.items():
+            print(f"{case_id:34} {'PASS' if not wrong else 'FAIL: ' + '; '.join(wrong)}")
+    failed = {case_id: wrong for case_id, wrong in verdicts.items() if wrong}
+    assert not failed, json.dumps(failed, indent=1) + f"\nwhole output: {suite_run['output_file']}"
+
+
+def test_the_healthy_host_in_the_same_run_converges_and_verifies(suite_run):
+    healthy = suite_run["healthy"]
+    recap = re.search(
+        rf"^{re.escape(healthy)}\s+: ok=\d+\s+changed=\d+\s+unreachable=0\s+failed=0",
+        suite_run["out"].stdout,
+        re.MULTILINE,
+    )
+    assert recap, suite_run["out"].stdout[-3000:]
+    report = json.loads((Path(suite_run["report"]) / "fleet-report.json").read_text())
+    hosts = report["hosts"]
+    assert hosts[healthy]["status"] == "PASS", hosts[healthy]
+    assert all(hosts[f"bad-{case.id}"]["status"] == "FAIL" for case in CASES)
