@@ -16,20 +16,29 @@ is not a venv, a small tmpfs, a non-root user) set it up before the listing is t
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
+import shutil
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ROOT, site, start_container, stop_container
+from conftest import ROOT, STANDINS, site, start_container, stop_container
 
 TF = {"name": "tf2.12", "tensorflow": "2.12", "cuda": "11.8", "cudnn": "8.6", "package": "tensorflow-cpu"}
 PREFLIGHT_PLAY = "Check the pinned stacks, the hosts and the artifacts before any change"
 LISTED = ["/usr/local", "/opt", "/etc"]
 SMALL_TMPFS = "/var/tmp/small"
+# Artifacts that only the cases pinning them need (an overlay manifest adds them for every host).
+FOLDER = "cudnn-linux-x86_64-8.7.0.84_cuda11-archive.tar.xz"  # a folder under an archive's name
+PAGE = "cudnn-linux-x86_64-8.9.7.29_cuda11-archive.tar.xz"  # an error page, pinned by its own sha256
+ABSENT = "cudnn-linux-x86_64-8.8.1.3_cuda11-archive.tar.xz"  # not in the controller folder
+SHORT = "NVIDIA-Linux-x86_64-525.147.05.run"  # a download cut short
+TAMPERED = "NVIDIA-Linux-x86_64-530.30.02.run"  # one byte more than the pinned file
+ERROR_PAGE = b"<!DOCTYPE html><html><body>403 Forbidden</body></html>\n"
 
 
 def stacks(*items: dict, **default: str) -> dict:
@@ -135,7 +144,10 @@ CASES = [
     Case(
         "venv_not_a_venv",
         stacks({"venv": "/opt/datasets"}),
-        ("/opt/datasets (venv of stack tf2.12) exists and is not a virtual environment", "Move what is there elsewhere"),
+        (
+            "/opt/datasets (venv of stack tf2.12) exists and is not a virtual environment",
+            "Move what is there elsewhere",
+        ),
     ),
     Case(
         "python_relative",
@@ -158,6 +170,11 @@ CASES = [
         ("gpu_verify_expected_gpu_count is -2", "a whole number of GPUs of at least 1"),
     ),
     Case(
+        "more_gpus_expected_than_seen",
+        {"gpu_verify_expected_gpu_count": 4},
+        ("4 GPUs expected, 2 seen", "bus IDs seen: 0000:07:00.0, 0000:0f:00.0", "correct the expected count"),
+    ),
+    Case(
         "skip_checks_misspelt",
         {"gpu_preflight_skip_checks": ["dsk"]},
         ("gpu_preflight_skip_checks names an unknown check 'dsk'", "Use the names"),
@@ -176,6 +193,36 @@ CASES = [
         "manifest_overlay_missing",
         {"gpu_preflight_manifest_overlays": ["/nonexistent/overlay.yml"]},
         ("/nonexistent/overlay.yml does not exist on the controller", "gpu_preflight_manifest_overlays"),
+    ),
+    Case(
+        "artifact_is_a_folder",
+        stacks({"tensorflow": "2.14", "cudnn": "8.7"}),
+        (f"/{FOLDER} is a folder, not the file {FOLDER}", "Nothing was installed"),
+    ),
+    Case(
+        "archive_is_not_a_tar",
+        stacks({"tensorflow": "2.14", "cudnn": "8.9"}),
+        (f"{PAGE} is not an xz-compressed tar archive: it starts with '<!DOCTYPE html>", "(an error page?)"),
+    ),
+    Case(
+        "artifact_missing",
+        stacks({"tensorflow": "2.14", "cudnn": "8.8"}),
+        (f"{ABSENT} is not in", "on the controller. Put NVIDIA's file there under this exact name"),
+    ),
+    Case(
+        "runfile_cut_short",
+        {"nvidia_driver_version": "525.147.05"},
+        (f"{SHORT} has 1000 bytes; the manifest says", "The download was cut short"),
+    ),
+    Case(
+        "runfile_checksum_mismatch",
+        {"nvidia_driver_version": "530.30.02"},
+        (f"{TAMPERED} has sha256", "download it again and compare"),
+    ),
+    Case(
+        "tensorflow_needs_older_python",
+        stacks({"tensorflow": "2.10", "cuda": "11.2", "cudnn": "8.1"}),
+        ("TensorFlow 2.10 supports Python 3.7-3.10", "Point the stack's python at a Python 3.7-3.10 interpreter"),
     ),
     Case(
         "pip_index_unreachable",
@@ -213,6 +260,33 @@ def _container_setup(name: str, kind: str) -> None:
         "&& rm -f /etc/debian_version && echo 11.9 > /etc/debian_version",
     }[kind]
     subprocess.run(["podman", "exec", name, "sh", "-c", script], check=True, capture_output=True)
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _artifacts(tmp: Path) -> tuple[Path, Path]:
+    """The stand-ins plus the cases' bad files, and an overlay manifest that pins them."""
+    folder = tmp / "artifacts"
+    shutil.copytree(STANDINS, folder, symlinks=True)
+    driver = (folder / "NVIDIA-Linux-x86_64-520.61.05.run").read_bytes()
+    (folder / FOLDER).mkdir()
+    (folder / PAGE).write_bytes(ERROR_PAGE)
+    (folder / SHORT).write_bytes(driver[:1000])
+    (folder / TAMPERED).write_bytes(driver + b"\n")
+    cudnn = {"component": "cudnn", "cuda_major": 11, "url": None}
+    runfile = {"component": "nvidia_driver", "sha256": _sha256(driver), "size_bytes": len(driver), "url": None}
+    entries = {
+        FOLDER: {**cudnn, "version": "8.7.0.84", "sha256": "0" * 64},
+        PAGE: {**cudnn, "version": "8.9.7.29", "sha256": _sha256(ERROR_PAGE), "size_bytes": len(ERROR_PAGE)},
+        ABSENT: {**cudnn, "version": "8.8.1.3", "sha256": "1" * 64},
+        SHORT: {**runfile, "version": "525.147.05"},
+        TAMPERED: {**runfile, "version": "530.30.02"},
+    }
+    overlay = tmp / "bad-artifacts.yml"
+    overlay.write_text(yaml.safe_dump({"artifacts": entries}))
+    return folder, overlay
 
 
 def _listing(name: str) -> list[str]:
@@ -265,10 +339,22 @@ def suite_run(tmp_path_factory):
         (inventory / "hosts.yml").write_text(yaml.safe_dump(group))
         before = {kind: _listing(name) for kind, name in containers.items() if kind != "healthy"}
         report = tmp / "reports"
-        out = site(inventory, "-e", f"gpu_verify_report_dir={report}", timeout=2400)
+        folder, overlay = _artifacts(tmp)
+        artifacts = {
+            "gpu_artifacts_controller_dir": str(folder),
+            "gpu_preflight_manifest_overlays": [str(STANDINS / "artifacts.yml"), str(overlay)],
+        }
+        out = site(inventory, "-e", f"gpu_verify_report_dir={report}", "-e", json.dumps(artifacts), timeout=2400)
         (tmp / "site.out").write_text(out.stdout + out.stderr)
         after = {kind: _listing(name) for kind, name in containers.items() if kind != "healthy"}
-        yield {"out": out, "before": before, "after": after, "healthy": containers["healthy"], "report": report, "output_file": tmp / "site.out"}
+        yield {
+            "out": out,
+            "before": before,
+            "after": after,
+            "healthy": containers["healthy"],
+            "report": report,
+            "output_file": tmp / "site.out",
+        }
     finally:
         for name in containers.values():
             stop_container(name)
