@@ -90,6 +90,46 @@ SHARED_FOLDERS = frozenset(
 Problem = dict[str, str]
 
 
+class CudnnLayout(NamedTuple):
+    """Where one form of NVIDIA's cuDNN tar archive keeps headers and libraries (``{top}``: the
+    archive's name without ``.tar.xz``)."""
+
+    name: str
+    pattern: re.Pattern[str]
+    form: str
+    include: str
+    lib: str
+
+
+# NVIDIA's cuDNN tar archives, told apart by their file name. Older releases (cuDNN 7.x and early
+# 8.x) were cudnn-<CUDA X.Y>-linux-x64-v<version>.tgz with a top folder cuda/ holding include/ and
+# lib64/; later ones are cudnn-linux-x86_64-<version>_cuda<X[.Y]>-archive.tar.xz with a top folder of
+# the same name holding include/ and lib/. NVIDIA cuDNN Installation Guide, "Tar File Installation"
+# (https://docs.nvidia.com/deeplearning/cudnn/installation/latest/linux.html; the 8.x guides under
+# https://docs.nvidia.com/deeplearning/cudnn/archives/).
+CUDNN_LAYOUTS = (
+    CudnnLayout(
+        "archive",
+        re.compile(r"(?P<top>cudnn-linux-x86_64-[0-9.]+_cuda[0-9]+(\.[0-9]+)?-archive)\.tar\.xz"),
+        "cudnn-linux-x86_64-<version>_cuda<M>-archive.tar.xz",
+        "{top}/include",
+        "{top}/lib",
+    ),
+    CudnnLayout(
+        "legacy",
+        re.compile(r"cudnn-[0-9]+\.[0-9]+-linux-x64-v[0-9.]+\.tgz"),
+        "cudnn-<CUDA X.Y>-linux-x64-v<version>.tgz",
+        "cuda/include",
+        "cuda/lib64",
+    ),
+)
+CUDNN_LAYOUTS_TEXT = " or ".join(
+    f"{layout.form} (unpacks to {layout.include.replace('{top}', '<name>')}/ and "
+    f"{layout.lib.replace('{top}', '<name>')}/)"
+    for layout in CUDNN_LAYOUTS
+)
+
+
 class Message(NamedTuple):
     """Text of one kind of problem or warning; ``cause`` and ``fix`` are ``str.format`` templates."""
 
@@ -165,8 +205,15 @@ MESSAGES: dict[str, Message] = {
     "cudnn_archive_missing": Message(
         "cudnn",
         "No cuDNN {pin} archive for CUDA {cuda_major} is in the artifact manifest.",
-        "Add its cudnn-linux-x86_64-{pin}*_cuda{cuda_major}-archive.tar.xz entry with a sha256 "
-        "to an artifact manifest (gpu_preflight_manifest_overlays).",
+        "Add its cudnn-linux-x86_64-{pin}*_cuda{cuda_major}-archive.tar.xz (or, for older releases, "
+        "cudnn-{cuda_major}.*-linux-x64-v{pin}*.tgz) entry with a sha256 to an artifact manifest "
+        "(gpu_preflight_manifest_overlays).",
+    ),
+    "cudnn_archive_unnamed": Message(
+        "cudnn",
+        "{file} (in {manifest}) is not named like one of NVIDIA's cuDNN tar archives, so where its headers and "
+        "libraries are inside is unknown.",
+        "Use NVIDIA's archive under its own name: {layouts}.",
     ),
     "driver_too_old": Message(
         "driver",
@@ -181,7 +228,7 @@ MESSAGES: dict[str, Message] = {
     # Any artifact: the check is the component (cuda, cudnn, driver), given by the caller.
     "sha256_missing": Message(
         "",
-        "{file} has no sha256 in the artifact manifest.",
+        "{file} has no sha256 in {manifest}.",
         "Add the sha256 of the file you downloaded to an overlay manifest (gpu_preflight_manifest_overlays); "
         "unpinned files are never installed.",
     ),
@@ -385,12 +432,33 @@ def _pick_artifact(manifest: dict, component: str, prefix: str, **match: Any) ->
 
 
 def _artifact_record(name: str, entry: dict) -> dict:
+    """An artifact as the roles use it; ``manifest`` is the file the entry came from (gpu_preflight's
+    load step adds it while merging), so that messages name the user's overlay, not the built-in file."""
     return {
         "file": name,
         "sha256": entry.get("sha256"),
         "size_bytes": entry.get("size_bytes"),
         "url": entry.get("url"),
+        "manifest": entry.get("manifest") or "the artifact manifest",
     }
+
+
+def cudnn_layout(archive: str) -> dict | None:
+    """Where the headers and libraries are inside the cuDNN archive named ``archive``
+    (:data:`CUDNN_LAYOUTS`): ``{name, include, lib, form, supported}`` with paths relative to the
+    unpacking folder, or None for a name NVIDIA does not use."""
+    for layout in CUDNN_LAYOUTS:
+        match = layout.pattern.fullmatch(archive)
+        if match:
+            top = match.groupdict().get("top") or ""
+            return {
+                "name": layout.name,
+                "form": layout.form,
+                "include": layout.include.format(top=top),
+                "lib": layout.lib.format(top=top),
+                "supported": CUDNN_LAYOUTS_TEXT,
+            }
+    return None
 
 
 # --- one stack: each step below is one check or one pick --------------------------------------
@@ -529,6 +597,12 @@ def _pick_cudnn(name: str, cudnn_pin: str, cuda_pin: str, manifest: dict) -> tup
     if picked is None:
         return None, [_problem(name, "cudnn_archive_missing", pin=cudnn_pin, cuda_major=cuda_major)]
     archive, entry = picked
+    layout = cudnn_layout(archive)
+    if layout is None:
+        manifest = _artifact_record(archive, entry)["manifest"]
+        return None, [
+            _problem(name, "cudnn_archive_unnamed", file=archive, manifest=manifest, layouts=CUDNN_LAYOUTS_TEXT)
+        ]
     version = str(entry["version"])
     record = {
         "version": version,
@@ -536,6 +610,7 @@ def _pick_cudnn(name: str, cudnn_pin: str, cuda_pin: str, manifest: dict) -> tup
         "series": _series(version),
         "major": int(version.split(".", maxsplit=1)[0]),
         "archive": _artifact_record(archive, entry),
+        "layout": layout,
     }
     return record, []
 
@@ -574,7 +649,7 @@ def _check_compute_capability(name: str, tf: dict, tf_row: dict, gpus: list[dict
 def _check_checksums(name: str, records: list[tuple[str, dict | None]]) -> list[Problem]:
     """Every artifact record (``(check, record)``; None for one not picked) must have a sha256."""
     return [
-        _problem(name, "sha256_missing", check=check, file=record["file"])
+        _problem(name, "sha256_missing", check=check, file=record["file"], manifest=record["manifest"])
         for check, record in records
         if record and not record["sha256"]
     ]

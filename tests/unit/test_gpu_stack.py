@@ -325,8 +325,8 @@ def test_cudnn_archive_missing_for_cuda_major():
     result = resolve({"name": "a", "tensorflow": "2.15"}, driver="535.104.05", manifest=manifest)
     assert result["messages"] == [
         "a: No cuDNN 8.9 archive for CUDA 12 is in the artifact manifest. Add its "
-        "cudnn-linux-x86_64-8.9*_cuda12-archive.tar.xz entry with a sha256 to an artifact manifest "
-        "(gpu_preflight_manifest_overlays)."
+        "cudnn-linux-x86_64-8.9*_cuda12-archive.tar.xz (or, for older releases, cudnn-12.*-linux-x64-v8.9*.tgz) "
+        "entry with a sha256 to an artifact manifest (gpu_preflight_manifest_overlays)."
     ]
 
 
@@ -727,8 +727,8 @@ def test_problem_records_come_from_the_message_table():
         "cause": "The stack has no 'name'.",
         "fix": "Give every item of gpu_preflight_stacks a 'name'.",
     }
-    shared = gpu_stack._problem("-", "sha256_missing", check="driver", file="f.run")
-    assert (shared["check"], shared["cause"]) == ("driver", "f.run has no sha256 in the artifact manifest.")
+    shared = gpu_stack._problem("-", "sha256_missing", check="driver", file="f.run", manifest="/m.yml")
+    assert (shared["check"], shared["cause"]) == ("driver", "f.run has no sha256 in /m.yml.")
 
 
 def test_problem_with_a_missing_field_raises():
@@ -785,3 +785,89 @@ def test_no_function_longer_than_60_lines():
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
     }
     assert {name: n for name, n in lengths.items() if n > 60} == {}
+
+
+# --- cuDNN archive layouts (NVIDIA cuDNN Installation Guide, "Tar File Installation") ------------
+
+LEGACY_86 = {"cudnn-11.8-linux-x64-v8.6.0.163.tgz": {"component": "cudnn", "version": "8.6.0.163", "cuda_major": 11}}
+
+
+def _only_cudnn(**entries: dict) -> dict:
+    """The test manifest with its CUDA 11 cuDNN archives replaced by ``entries``."""
+    manifest = _manifest(**entries)
+    for name in [n for n, e in manifest.items() if e["component"] == "cudnn" and e["cuda_major"] == 11]:
+        if name not in entries:
+            del manifest[name]
+    return manifest
+
+
+def test_current_archive_layout_is_its_own_top_folder_with_lib():
+    stack = resolve({"name": "a", "tensorflow": "2.12"})["stacks"][0]
+    top = "cudnn-linux-x86_64-8.6.0.163_cuda11-archive"
+    assert {k: stack["cudnn"]["layout"][k] for k in ("name", "include", "lib")} == {
+        "name": "archive",
+        "include": f"{top}/include",
+        "lib": f"{top}/lib",
+    }
+
+
+def test_older_tgz_archive_layout_is_cuda_include_and_lib64():
+    result = resolve({"name": "a", "tensorflow": "2.12"}, manifest=_only_cudnn(**LEGACY_86))
+    assert result["ok"], result["messages"]
+    cudnn = result["stacks"][0]["cudnn"]
+    assert cudnn["archive"]["file"] == "cudnn-11.8-linux-x64-v8.6.0.163.tgz"
+    assert (cudnn["version"], cudnn["major"]) == ("8.6.0.163", 8)
+    assert {k: cudnn["layout"][k] for k in ("name", "include", "lib")} == {
+        "name": "legacy",
+        "include": "cuda/include",
+        "lib": "cuda/lib64",
+    }
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "cudnn-11.2-linux-x64-v8.1.1.33.tgz",
+        "cudnn-10.0-linux-x64-v7.4.1.5.tgz",
+        "cudnn-linux-x86_64-8.3.2.44_cuda11.5-archive.tar.xz",
+        "cudnn-linux-x86_64-9.3.0.75_cuda12-archive.tar.xz",
+    ],
+)
+def test_nvidia_archive_names_have_a_layout(name):
+    assert gpu_stack.cudnn_layout(name) is not None
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "cudnn-8.6.0.163.tar.gz",
+        "cudnn-linux-x86_64-8.6.0.163_cuda11-archive.zip",
+        "cudnn-linux-sbsa-8.6.0.163_cuda11-archive.tar.xz",
+        "cudnn-11.2-linux-x64-v8.1.1.33.tgz.part",
+    ],
+)
+def test_other_archive_names_have_none(name):
+    assert gpu_stack.cudnn_layout(name) is None
+
+
+def test_unknown_archive_name_is_refused_naming_the_manifest_and_the_forms():
+    entry = {"component": "cudnn", "version": "8.6.0.163", "cuda_major": 11, "manifest": "/srv/my-artifacts.yml"}
+    result = resolve({"name": "a", "tensorflow": "2.12"}, manifest=_only_cudnn(**{"cudnn-8.6.0.163.tar.gz": entry}))
+    assert not result["ok"]
+    assert result["messages"] == [
+        "a: cudnn-8.6.0.163.tar.gz (in /srv/my-artifacts.yml) is not named like one of NVIDIA's cuDNN tar "
+        "archives, so where its headers and libraries are inside is unknown. Use NVIDIA's archive under its own "
+        "name: cudnn-linux-x86_64-<version>_cuda<M>-archive.tar.xz (unpacks to <name>/include/ and <name>/lib/) "
+        "or cudnn-<CUDA X.Y>-linux-x64-v<version>.tgz (unpacks to cuda/include/ and cuda/lib64/)."
+    ]
+
+
+def test_missing_sha256_names_the_overlay_the_entry_came_from():
+    manifest = _manifest()
+    entry = manifest["cudnn-linux-x86_64-8.6.0.163_cuda11-archive.tar.xz"]
+    entry.update(sha256=None, manifest="/home/ops/overlay.yml")
+    result = resolve({"name": "a", "tensorflow": "2.12"}, manifest=manifest)
+    assert result["messages"][0].startswith(
+        "a: cudnn-linux-x86_64-8.6.0.163_cuda11-archive.tar.xz has no sha256 in /home/ops/overlay.yml. "
+    )
+    assert result["stacks"][0]["cudnn"]["archive"]["manifest"] == "/home/ops/overlay.yml"

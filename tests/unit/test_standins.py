@@ -302,6 +302,35 @@ def test_cudnn_archive_layout(standins_dir: Path) -> None:
     assert macros["CUDNN_VERSION"] == "(CUDNN_MAJOR * 1000 + CUDNN_MINOR * 100 + CUDNN_PATCHLEVEL)"
 
 
+def test_builder_legacy_cudnn_is_the_older_tgz_layout(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, str(BUILDER), "--out", str(tmp_path), "--cudnn", "8.6.0.163:11:legacy"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    name = "cudnn-11.8-linux-x64-v8.6.0.163.tgz"
+    with tarfile.open(tmp_path / name, "r:gz") as archive:
+        members = {m.name: m for m in archive.getmembers()}
+    assert {n.split("/")[0] for n in members} == {"cuda"}
+    assert members["cuda/include/cudnn_version.h"].isfile()
+    assert members["cuda/lib64/libcudnn.so.8"].linkname == "libcudnn.so.8.6.0"
+    assert not any(n.startswith("cuda/lib/") for n in members)
+    assert f"  {name}:\n    component: cudnn\n" in (tmp_path / "artifacts.yml").read_text()
+
+
+def test_builder_rejects_an_unknown_cudnn_layout(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, str(BUILDER), "--out", str(tmp_path), "--cudnn", "8.6.0.163:11:old"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 2
+    assert "VERSION:CUDA_MAJOR[:CUDART][:legacy]" in proc.stderr
+
+
 @pytest.mark.skipif(
     not shutil.which("ldconfig") and not os.path.exists("/sbin/ldconfig"),
     reason="no ldconfig",

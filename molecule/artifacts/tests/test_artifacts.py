@@ -82,7 +82,8 @@ def test_checksum_mismatch_on_the_mirror_stops_both_hosts(tmp_path):
         run = _site(controller_dir, bad.url)
     assert run.returncode != 0
     actual = hashlib.sha256((tampered / FILES[1]).read_bytes()).hexdigest()
-    assert f"The mirror's {bad.url}/{FILES[1]} has sha256 {actual}, but the manifest pins" in run.stdout
+    # The pin is named by the manifest file it came from: the sandbox's stand-in overlay.
+    assert f"The mirror's {bad.url}/{FILES[1]} has sha256 {actual}, but {STANDINS / 'artifacts.yml'} pins" in run.stdout
     assert "Nothing was installed." in run.stdout
     assert not (controller_dir / FILES[1]).exists(), "a file that failed its checksum was kept"
     for name in HOSTS:
