@@ -94,8 +94,10 @@ def _no_results(host: str, facts: Any, alive_hosts: list[str]) -> dict:
     """The document of a host without ``gpu_verify_results``.
 
     A host no longer in the play (``ansible_play_hosts``) was unreachable or failed a task before
-    verification: ``{"ok": false, "unreachable": true, "error", "connection"}``, ``error`` being
-    the host's ``gpu_verify_unreachable_reason`` (Ansible's message, when a play kept it) or None,
+    verification: ``{"ok": false, "unreachable": true, "error", "failed", "connection"}``, ``error``
+    being the host's ``gpu_verify_unreachable_reason`` (Ansible's unreachable message, kept by the
+    callback plugin gpu_fleet.tf_hosts.host_failures) or None, ``failed`` its
+    ``gpu_verify_failed_reason`` (the failed task and its message, same callback) or None,
     ``connection`` its ``ansible_connection``; fleet_report.py words the cause and the fix for that
     connection.  A host still in the play did not run the verification (e.g. under --check before
     the scripts were ever installed).
@@ -105,6 +107,7 @@ def _no_results(host: str, facts: Any, alive_hosts: list[str]) -> dict:
             "ok": False,
             "unreachable": True,
             "error": facts.get("gpu_verify_unreachable_reason") or None,
+            "failed": facts.get("gpu_verify_failed_reason") or None,
             "connection": facts.get("ansible_connection") or DEFAULT_CONNECTION,
         }
     return _failed(

@@ -41,7 +41,7 @@ def test_collect_lists_every_host_with_stacks_and_overrides():
     report = gpu_report.gpu_verify_collect(["a", "b"], hostvars, ["a"])
     assert [d["ok"] for d in report["a"]] == [True, False]
     assert report["a"][0]["preflight_overridden"][0]["check"] == "noexec"
-    assert report["b"] == {"ok": False, "unreachable": True, "error": None, "connection": "ssh"}
+    assert report["b"] == {"ok": False, "unreachable": True, "error": None, "failed": None, "connection": "ssh"}
 
 
 def test_collect_passes_the_connection_and_ansibles_message_of_a_host_that_left_the_play():
@@ -53,6 +53,16 @@ def test_collect_passes_the_connection_and_ansibles_message_of_a_host_that_left_
     report = gpu_report.gpu_verify_collect(["c1", "c2", "up"], hostvars, ["up"])
     assert (report["c1"]["connection"], report["c1"]["error"]) == ("containers.podman.podman", None)
     assert (report["c2"]["connection"], report["c2"]["error"]) == ("ssh", "ssh: connect to host c2: timed out")
+    assert report["c1"]["failed"] is None
+
+
+def test_collect_passes_the_failed_task_of_a_host_that_left_the_play():
+    hostvars = {"f": {"gpu_verify_failed_reason": "task 'Install the driver': exit status 1"}, "up": {}}
+    report = gpu_report.gpu_verify_collect(["f", "up"], hostvars, ["up"])
+    assert (report["f"]["failed"], report["f"]["error"]) == ("task 'Install the driver': exit status 1", None)
+    (found,) = fleet_report.build_report(report, None)["hosts"]["f"]["problems"]
+    assert found["cause"] == "Host failed before verification, at task 'Install the driver': exit status 1"
+    assert "SSH" not in found["fix"]
     # still in the play but without results: its verification did not run; not called unreachable
     assert report["up"]["unreachable"] is False and report["up"]["problems"][0]["check"] == "run"
     assert report["up"]["problems"][0]["cause"].startswith("The verification did not run on this host")

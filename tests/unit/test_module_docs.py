@@ -54,6 +54,13 @@ def test_ansible_doc_renders_collection_path_lookup():
         assert text in out.stdout, text
 
 
+def test_ansible_doc_renders_host_failures_callback():
+    out = ansible_doc("-t", "callback", f"{COLLECTION}.host_failures")
+    assert out.returncode == 0, out.stderr
+    for text in ("host_failures", "gpu_verify_unreachable_reason", "callbacks_enabled"):
+        assert text in out.stdout, text
+
+
 def test_ansible_doc_lists_every_filter_documented():
     out = ansible_doc("-t", "filter", "-l", COLLECTION)
     assert out.returncode == 0, out.stderr

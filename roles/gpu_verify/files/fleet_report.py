@@ -6,10 +6,11 @@ Each value is one of
 
 * a ``gpu_verify.py`` document (schema 1),
 * a list of such documents (one per TensorFlow stack/venv on that host), shown one row each,
-* ``{"unreachable": true, "error": "...", "connection": "..."}`` for a host that left the play
-  before verification (unreachable, or failed an earlier task): ``error`` is Ansible's message
-  when there is one, ``connection`` its ``ansible_connection`` (default ssh), which picks the fix
-  (:data:`UNREACHABLE_FIXES`),
+* ``{"unreachable": true, "error": "...", "failed": "...", "connection": "..."}`` for a host that
+  left the play before verification: ``error`` is Ansible's message when it was unreachable,
+  ``failed`` the failed task and its message when a task failed (either null when the run kept
+  none: the callback plugin gpu_fleet.tf_hosts.host_failures keeps them), ``connection`` its
+  ``ansible_connection`` (default ssh), which picks the fix (:data:`UNREACHABLE_FIXES`),
 * ``{"ok": false, "problems": [{"check", "cause", "fix"}]}`` for a host whose verification could
   not run.
 
@@ -137,12 +138,19 @@ UNREACHABLE_NO_MESSAGE = "unreachable or failed earlier in this run (see the run
 
 
 def unreachable_problem(doc: dict[str, Any], host: str) -> dict[str, str]:
-    """The one problem of a host that left the play before verification: Ansible's message when the
-    input carries it (``error``), the fix for its ``connection`` (default ssh)."""
+    """The one problem of a host that left the play before verification: Ansible's unreachable
+    message (``error``) with the fix for its ``connection`` (default ssh), or the task that failed
+    (``failed``), or, when the run kept neither, a pointer to the run's output."""
     connection = str(doc.get("connection") or "ssh")
     fix = UNREACHABLE_FIXES.get(connection, UNREACHABLE_FIX_OTHER).format(host=host, connection=connection)
     if doc.get("error"):
         return {"check": "unreachable", "cause": f"Host unreachable: {doc['error']}", "fix": fix}
+    if doc.get("failed"):
+        return {
+            "check": "unreachable",
+            "cause": f"Host failed before verification, at {doc['failed']}",
+            "fix": "fix what that task's message names (the run's output above has the task in full), then rerun",
+        }
     return {
         "check": "unreachable",
         "cause": f"Host {UNREACHABLE_NO_MESSAGE}.",

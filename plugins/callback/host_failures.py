@@ -1,0 +1,83 @@
+# Copyright: gpu-fleet maintainers
+# Apache License 2.0 (see galaxy.yml)
+"""Callback plugin: keep Ansible's own message of each host that was unreachable or failed, so the
+fleet report can say why a host has no verification result."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+name: host_failures
+author: gpu-fleet maintainers (!UNKNOWN)
+version_added: "0.9.0"
+type: aggregate
+short_description: Keep each host's unreachable or failure message for the fleet report
+description:
+  - Ansible keeps no record of why a host left the play (unreachable, or a failed task) where a
+    later play can read it. This callback keeps the last such message of each host as the host
+    variables C(gpu_verify_unreachable_reason) (the connection's own message, such as
+    C(Failed to connect to the host via ssh) and the reason ssh gave) and C(gpu_verify_failed_reason)
+    (the failed task and its message). The gpu_verify role's fleet
+    report (JSON, Markdown, JUnit, HTML) shows them for every host that has no verification result.
+  - Failures under C(ignore_errors) are not kept; a later message replaces an earlier one, and a
+    host's unreachable message replaces its failure message and the other way round.
+  - Only for the run it is enabled in; it writes no files and changes no output.
+requirements:
+  - Enabled in C(ansible.cfg) (C(callbacks_enabled = gpu_fleet.tf_hosts.host_failures) under
+    C([defaults])) or with C(ANSIBLE_CALLBACKS_ENABLED=gpu_fleet.tf_hosts.host_failures). The
+    project's own C(ansible.cfg) enables it. Without it, the report says only that the host was
+    unreachable or failed earlier and points at the run's output.
+"""
+
+import re  # noqa: E402  (imports follow the documentation block, as ansible-test validate-modules requires)
+from typing import Any  # noqa: E402
+
+from ansible.plugins.callback import CallbackBase  # noqa: E402
+
+UNREACHABLE_VAR = "gpu_verify_unreachable_reason"
+FAILED_VAR = "gpu_verify_failed_reason"
+MAX_CHARS = 500
+# ansible-core 2.19 prefixes results' messages with "Task failed: "; a failed remote command is
+# quoted in full after "Failed command was:", which the report does not need.
+PREFIX = re.compile(r"^(Task failed:\s*)+")
+COMMAND_TAIL = re.compile(r"\s*Failed command was:.*$", re.DOTALL)
+
+
+def result_message(result: dict[str, Any]) -> str:
+    """Ansible's message of one result: ``msg``, or that of the first failed loop item, or the end of
+    ``stderr``; without the 2.19 ``Task failed:`` prefix and the quoted failed command, on one line,
+    at most :data:`MAX_CHARS` characters."""
+    text = result.get("msg")
+    if not text:
+        items = result.get("results") if isinstance(result.get("results"), list) else []
+        failed = [item for item in items if isinstance(item, dict) and item.get("failed")]
+        text = failed[0].get("msg") if failed else None
+    if not text:
+        stderr = str(result.get("stderr") or "").strip().splitlines()
+        text = stderr[-1] if stderr else f"rc={result.get('rc')}" if "rc" in result else "no message"
+    text = " ".join(COMMAND_TAIL.sub("", PREFIX.sub("", str(text))).split())
+    return text if len(text) <= MAX_CHARS else text[: MAX_CHARS - 1] + "…"
+
+
+class CallbackModule(CallbackBase):
+    """Sets :data:`UNREACHABLE_VAR` / :data:`FAILED_VAR` on the inventory host of each result."""
+
+    CALLBACK_VERSION = 2.0
+    CALLBACK_TYPE = "aggregate"
+    CALLBACK_NAME = "gpu_fleet.tf_hosts.host_failures"
+    CALLBACK_NEEDS_ENABLED = True
+
+    def _keep(self, result: Any, name: str, message: str) -> None:
+        # Results reach callbacks in the controller's main process with the inventory's own Host,
+        # whose variables every later task's hostvars read.
+        other = FAILED_VAR if name == UNREACHABLE_VAR else UNREACHABLE_VAR
+        result.host.set_variable(name, message)
+        result.host.set_variable(other, None)
+
+    def v2_runner_on_unreachable(self, result: Any) -> None:
+        """Keep the connection's message."""
+        self._keep(result, UNREACHABLE_VAR, result_message(result.result))
+
+    def v2_runner_on_failed(self, result: Any, ignore_errors: bool = False) -> None:
+        """Keep the failed task's name and message, unless the task ignores errors."""
+        if not ignore_errors:
+            self._keep(result, FAILED_VAR, f"task '{result.task_name}': {result_message(result.result)}")

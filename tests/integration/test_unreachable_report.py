@@ -1,0 +1,31 @@
+"""A host whose container does not exist is in the fleet report with Ansible's own message and the
+container fix (the callback plugin gpu_fleet.tf_hosts.host_failures, enabled in ansible.cfg)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+from conftest import site
+
+
+def test_missing_container_is_reported_with_ansibles_message(fresh_host, tmp_path):
+    name, inventory = fresh_host
+    gone = f"gpu-gone-{uuid.uuid4().hex[:8]}"  # never started
+    (inventory / "hosts.yml").write_text(
+        "gpu_hosts:\n  hosts:\n"
+        f"    {name}:\n      ansible_connection: containers.podman.podman\n"
+        f"    {gone}:\n      ansible_connection: containers.podman.podman\n"
+    )
+    reports = tmp_path / "reports"
+    out = site(inventory, "--tags", "verify", "-e", f"gpu_verify_report_dir={reports}")
+    assert out.returncode != 0
+    report = json.loads((reports / "fleet-report.json").read_text())
+    (problem,) = report["hosts"][gone]["problems"]
+    assert problem["cause"].startswith("Host unreachable: Failed to create temporary directory.")
+    assert "Failed command was" not in problem["cause"]
+    assert f"`podman ps -a --filter name={gone}`" in problem["fix"]
+    markdown = (reports / "fleet-report.md").read_text()
+    assert "Host unreachable: Failed to create temporary directory." in markdown
+    junit = (reports / "fleet-report.junit.xml").read_text()
+    assert 'message="Host unreachable: Failed to create temporary directory.' in junit
