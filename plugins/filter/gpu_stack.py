@@ -56,6 +56,8 @@ VERSION_FORMS = {
     "tensorflow": re.compile(r"[0-9]+\.[0-9]+(\.[0-9]+)?"),
     "cuda": re.compile(r"[0-9]+\.[0-9]+(\.[0-9]+)?"),
     "cudnn": re.compile(r"[0-9]+\.[0-9]+(\.[0-9]+){0,2}"),
+    # NVIDIA driver versions: 520.61.05, 535.104.05, 470.57.02 (three parts; R-branch.minor.patch).
+    "driver": re.compile(r"[0-9]+\.[0-9]+(\.[0-9]+)?"),
 }
 
 # Folders a venv may not be: ``python -m venv DIR`` writes bin/, lib/, include/ and pyvenv.cfg
@@ -281,6 +283,12 @@ MESSAGES: dict[str, Message] = {
         "stacks",
         "The default stack {default!r} is not one of {names}.",
         "Set gpu_preflight_default_stack to one of the stack names.",
+    ),
+    "driver_pin_invalid": Message(
+        "driver",
+        "nvidia_driver_version {pin!r} is not an exact driver version; a moving target such as 'latest' "
+        "lets reruns drift.",
+        'Pin the exact version, in quotes (nvidia_driver_version: "535.104.05").',
     ),
     "driver_runfile_missing": Message(
         "driver",
@@ -761,7 +769,8 @@ def _check_name(label: str, index: int, pin: dict) -> list[Problem]:
     suggestion = _suggest_name(index, pin)
     if isinstance(name, str):
         return [_problem(label, "name_invalid", name=name, suggestion=suggestion)]
-    kind = NOT_TEXT_KINDS.get(type(name), "a list or dict")
+    # isinstance, not type(): Ansible hands over its own subclasses of float, int and bool.
+    kind = next((text for cls, text in NOT_TEXT_KINDS.items() if isinstance(name, cls)), "a list or dict")
     return [_problem(label, "name_not_text", name=name, kind=kind, suggestion=suggestion)]
 
 
@@ -902,6 +911,10 @@ def resolve_stacks(pins: list[dict], matrix: dict, manifest: dict, host: dict, d
     problems += _check_duplicate_names(names)
     default = default or (names[0] if names else "")
     problems += _check_default(default, names)
+    driver_text = str(host.get("driver_version") or "")
+    if driver_text and not VERSION_FORMS["driver"].fullmatch(driver_text):
+        problems.append(_problem(HOST_WIDE, "driver_pin_invalid", pin=driver_text))
+        host = {**host, "driver_version": ""}  # nothing more to say about a driver that is no version
     driver, found = _pick_driver(manifest, host)
     problems += found
     stacks, found, warnings = _resolve_each(pins, matrix, manifest, host, default)

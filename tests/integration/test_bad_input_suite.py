@@ -38,6 +38,7 @@ PAGE = "cudnn-linux-x86_64-8.9.7.29_cuda11-archive.tar.xz"  # an error page, pin
 ABSENT = "cudnn-linux-x86_64-8.8.1.3_cuda11-archive.tar.xz"  # not in the controller folder
 SHORT = "NVIDIA-Linux-x86_64-525.147.05.run"  # a download cut short
 TAMPERED = "NVIDIA-Linux-x86_64-530.30.02.run"  # one byte more than the pinned file
+OUTPUT = ROOT / "build" / "test-output" / "bad-input-suite.log"
 ERROR_PAGE = b"<!DOCTYPE html><html><body>403 Forbidden</body></html>\n"
 
 
@@ -237,7 +238,10 @@ CASES = [
     Case(
         "cuda_tmpdir_too_small",
         {"cuda_toolkit_tmpdir": SMALL_TMPFS},
-        (f"{SMALL_TMPFS} (CUDA installer scratch) is on {SMALL_TMPFS}", "point cuda_toolkit_tmpdir at a larger disk"),
+        (
+            f"{SMALL_TMPFS} (CUDA installer scratch) is on {SMALL_TMPFS}",
+            "point cuda_toolkit_tmpdir (CUDA installer scratch) at a larger disk",
+        ),
     ),
     Case(
         "cuda_link_over_a_folder",
@@ -330,8 +334,16 @@ def suite_run(tmp_path_factory):
     try:
         for kind in ("main", "os"):
             _container_setup(containers[kind], kind)
-        hosts = {f"bad-{case.id}": {"ansible_host": containers[case.container], **case.vars} for case in CASES}
-        hosts[containers["healthy"]] = {}
+        folder, overlay = _artifacts(tmp)
+        # Host variables, so that a case's own setting of these wins.
+        artifacts = {
+            "gpu_artifacts_controller_dir": str(folder),
+            "gpu_preflight_manifest_overlays": [str(STANDINS / "artifacts.yml"), str(overlay)],
+        }
+        hosts = {
+            f"bad-{case.id}": {"ansible_host": containers[case.container], **artifacts, **case.vars} for case in CASES
+        }
+        hosts[containers["healthy"]] = artifacts
         inventory = tmp / "inventory"
         inventory.mkdir()
         (inventory / "group_vars").symlink_to(ROOT / "inventories/sandbox/group_vars")
@@ -339,13 +351,10 @@ def suite_run(tmp_path_factory):
         (inventory / "hosts.yml").write_text(yaml.safe_dump(group))
         before = {kind: _listing(name) for kind, name in containers.items() if kind != "healthy"}
         report = tmp / "reports"
-        folder, overlay = _artifacts(tmp)
-        artifacts = {
-            "gpu_artifacts_controller_dir": str(folder),
-            "gpu_preflight_manifest_overlays": [str(STANDINS / "artifacts.yml"), str(overlay)],
-        }
-        out = site(inventory, "-e", f"gpu_verify_report_dir={report}", "-e", json.dumps(artifacts), timeout=2400)
-        (tmp / "site.out").write_text(out.stdout + out.stderr)
+        out = site(inventory, "-e", f"gpu_verify_report_dir={report}", timeout=2400)
+        # Kept beside the build outputs: pytest's own temporary folders are rotated away.
+        OUTPUT.parent.mkdir(parents=True, exist_ok=True)
+        OUTPUT.write_text(out.stdout + out.stderr)
         after = {kind: _listing(name) for kind, name in containers.items() if kind != "healthy"}
         yield {
             "out": out,
@@ -353,7 +362,7 @@ def suite_run(tmp_path_factory):
             "after": after,
             "healthy": containers["healthy"],
             "report": report,
-            "output_file": tmp / "site.out",
+            "output_file": OUTPUT,
         }
     finally:
         for name in containers.values():

@@ -348,6 +348,15 @@ def test_driver_runfile_missing_from_manifest():
     ]
 
 
+@pytest.mark.parametrize("pin", ["latest", "535", "535.104.05-1", "R535"])
+def test_driver_pin_must_be_an_exact_version(pin):
+    result = resolve({"name": "a", "tensorflow": "2.12"}, driver=pin)
+    assert result["messages"] == [
+        f"nvidia_driver_version {pin!r} is not an exact driver version; a moving target such as 'latest' lets "
+        'reruns drift. Pin the exact version, in quotes (nvidia_driver_version: "535.104.05").'
+    ]
+
+
 def test_compute_capability_below_wheel_floor():
     result = resolve(
         {"name": "tf2.17", "tensorflow": "2.17"},
@@ -501,7 +510,14 @@ def test_empty_stack_name_is_only_a_missing_name():
     ]
 
 
-@pytest.mark.parametrize(("name", "kind"), [(2.12, "a number"), (True, "a yes/no value"), (["a"], "a list or dict")])
+# Ansible passes its own subclasses of the YAML types (tagged values since ansible-core 2.19).
+TaggedFloat = type("TaggedFloat", (float,), {})
+
+
+@pytest.mark.parametrize(
+    ("name", "kind"),
+    [(2.12, "a number"), (TaggedFloat(2.12), "a number"), (True, "a yes/no value"), (["a"], "a list or dict")],
+)
 def test_stack_name_that_is_not_text(name, kind):
     result = resolve({"name": name, "tensorflow": "2.12"})
     assert result["messages"] == [
