@@ -12,8 +12,9 @@ export ANSIBLE_HOME := $(CURDIR)/.ansible
 export ANSIBLE_FORCE_COLOR ?= 0
 STANDINS := build/standins
 PYTEST_UNIT := tests/unit
+EE_TAG ?= gpu-fleet-tf-hosts-ee:0.9.0
 
-.PHONY: help deps venv image standins sandbox demo demo-clean lint unit sanity molecule integration test bench clean
+.PHONY: help deps venv image standins sandbox demo demo-clean lint unit sanity molecule integration test bench ee-context ee clean
 
 help:
 	@echo "make demo        provision and verify the sandbox host, print the fleet report"
@@ -24,6 +25,8 @@ help:
 	@echo "make sanity      ansible-test sanity on the built and installed collection"
 	@echo "make molecule    Molecule scenarios default, preflight, artifacts, faults"
 	@echo "make integration bad inputs, air-gap bundle, HTML report in Chromium"
+	@echo "make bench       timings on fresh sandbox hosts against issue 10's targets (minutes; by hand)"
+	@echo "make ee          the AWX/Automation Platform execution environment image (ansible-builder)"
 
 deps:
 	tools/install-host-deps.sh
@@ -75,6 +78,20 @@ integration: venv standins image
 	$(BIN)/pytest -q tests/integration
 
 test: lint unit sanity molecule integration
+
+# Not part of `make test`: fresh containers, first provisioning on 1 and 4 hosts (many minutes).
+# BENCH_ARGS=--quick for 1 host only; --keep leaves the containers.
+bench: venv standins image
+	$(BIN)/python tools/bench.py $(BENCH_ARGS)
+
+# The collection tarball that execution-environment.yml installs, then the build context only.
+ee-context: venv
+	rm -rf build/ee && mkdir -p build/ee
+	$(BIN)/ansible-galaxy collection build --output-path build/ee .
+	$(BIN)/ansible-builder create -f execution-environment.yml -c build/ee/context
+
+ee: ee-context
+	$(BIN)/ansible-builder build -f execution-environment.yml -c build/ee/context -t $(EE_TAG)
 
 clean:
 	rm -rf build reports .ansible
