@@ -415,14 +415,15 @@ def written_since_stamp(names: list[str]) -> tuple[int, int, list[str]]:
     return files, total, paths
 
 
-def measure(count: int, work: Path, *, provisioning_noop: bool, keep: bool) -> dict[str, Any]:
-    """All timed runs on ``count`` fresh hosts; the hosts are removed afterwards unless ``keep``."""
+def measure(count: int, work: Path, out: dict[str, Any], *, provisioning_noop: bool, keep: bool) -> None:
+    """All timed runs on ``count`` fresh hosts, recorded in ``out`` as they finish (a failed run
+    leaves the figures before it); the hosts are removed afterwards unless ``keep``."""
     names = start_hosts(count)
+    out["hosts"] = names
     try:
         inventory = write_inventory(work / f"n{count}", names)
         reports = work / f"n{count}" / "reports"
         site = ROOT / "site.yml"
-        out: dict[str, Any] = {"hosts": names}
         progress(f"{count} host(s): first provisioning")
         out["first_s"], _ = play(site, inventory, reports)
         stamp(names)
@@ -440,7 +441,6 @@ def measure(count: int, work: Path, *, provisioning_noop: bool, keep: bool) -> d
         facts = work / "facts.yml"
         facts.write_text(FACTS_PLAY)
         out["facts_s"] = statistics.median(play(facts, inventory, reports)[0] for _ in range(3))
-        return out
     finally:
         if keep:
             progress(f"kept: {' '.join(names)} (remove with `podman rm -f <name>`)")
@@ -486,22 +486,24 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     load = os.getloadavg()
     runs: dict[int, dict[str, Any]] = {}
+    status = 0
     with tempfile.TemporaryDirectory(prefix="gpu-bench-") as tmp:
         try:
             for count in args.counts:
-                runs[count] = measure(count, Path(tmp), provisioning_noop=count == args.counts[0], keep=args.keep)
-        except (RuntimeError, subprocess.SubprocessError) as error:
-            print(f"bench: {error}", file=sys.stderr)
-            return 1
+                runs[count] = {}
+                measure(count, Path(tmp), runs[count], provisioning_noop=count == args.counts[0], keep=args.keep)
+        except (RuntimeError, OSError, ValueError, subprocess.SubprocessError) as error:
+            print(f"bench: {error} (the table shows what was measured before)", file=sys.stderr)
+            status = 1
     print(render(table_rows(runs)))
     after = os.getloadavg()
     print(f"load average (1 min) {load[0]:.1f} before, {after[0]:.1f} after; {os.cpu_count()} CPUs")
     for count, run in runs.items():
-        for path in run["written_paths"][:10]:
+        for path in run.get("written_paths", [])[:10]:
             print(f"written on the second run ({count} host(s)): {path}")
     if args.json:
         args.json.write_text(json.dumps({str(k): v for k, v in runs.items()}, indent=2, sort_keys=True) + "\n")
-    return 0
+    return status
 
 
 if __name__ == "__main__":

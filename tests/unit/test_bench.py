@@ -109,3 +109,10 @@ def test_arguments():
         bench.parse_args(["--hosts", "one"])
     with pytest.raises(SystemExit):
         bench.parse_args(["--hosts", "0"])
+
+
+def test_a_bench_stopped_half_way_still_renders_what_it_measured():
+    rows = bench.table_rows({1: {"hosts": ["gpu-bench-1"], "first_s": 240.0}, 4: {}})
+    assert row(rows, "first provisioning")[1:3] == ["240.0", "-"]
+    assert {r[-1] for r in rows[1:] if r[-1]} == {"not measured"}
+    assert "240.0" in bench.render(rows)
