@@ -51,7 +51,7 @@ sandbox: image
 demo: venv standins sandbox
 	$(BIN)/ansible-playbook site.yml -i inventories/sandbox
 	@echo
-	@cat reports/fleet-report.md
+	@cat reports/sandbox/latest/fleet-report.md
 
 demo-clean:
 	tools/sandbox.sh down

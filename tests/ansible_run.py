@@ -35,3 +35,10 @@ def run_playbook(playbook: str, inventory: str | Path, *extra: str, timeout: int
         cwd=ROOT,
         timeout=timeout,
     )
+
+
+def latest_report(report_dir: str | Path, inventory: str, name: str = "fleet-report.json") -> Path:
+    """``<report_dir>/<inventory>/latest/<name>``: the report of the last completed verification
+    against the inventory named ``inventory`` (gpu_verify writes one folder per run and points
+    ``latest`` at it). Test inventories are folders named ``inventory``, as is Molecule's."""
+    return Path(report_dir) / inventory / "latest" / name

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from ansible_run import latest_report
 from conftest import ROOT, STANDINS, site, start_container, stop_container
 
 TF = {"name": "tf2.12", "tensorflow": "2.12", "cuda": "11.8", "cudnn": "8.6", "package": "tensorflow-cpu"}
@@ -403,7 +404,7 @@ def test_the_healthy_host_in_the_same_run_converges_and_verifies(suite_run):
         re.MULTILINE,
     )
     assert recap, suite_run["out"].stdout[-3000:]
-    report = json.loads((Path(suite_run["report"]) / "fleet-report.json").read_text())
+    report = json.loads(latest_report(suite_run["report"], "inventory").read_text())
     hosts = report["hosts"]
     assert hosts[healthy]["status"] == "PASS", hosts[healthy]
     assert all(hosts[f"bad-{case.id}"]["status"] == "FAIL" for case in CASES)

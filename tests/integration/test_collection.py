@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from ansible_run import latest_report
 from conftest import ROOT, STANDINS, site, start_container, stop_container
 
 FQCN = "gpu_fleet.tf_hosts"
@@ -65,7 +66,7 @@ def _recap(output: str) -> dict[str, tuple[int, ...]]:
 
 
 def _report_status(report_dir: Path, host: str) -> str | None:
-    report = json.loads((report_dir / "fleet-report.json").read_text())
+    report = json.loads(latest_report(report_dir, "inventory").read_text())
     return (report["hosts"].get(host) or {}).get("status")
 
 

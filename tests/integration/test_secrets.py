@@ -16,6 +16,7 @@ import subprocess
 import sys
 import uuid
 
+from ansible_run import latest_report
 from conftest import ROOT, STANDINS, site
 
 sys.path.insert(0, str(ROOT / "tests/fixtures/mirror"))
@@ -59,7 +60,7 @@ def test_mirror_credentials_never_show_and_nothing_is_world_writable(fresh_host,
         )
     assert dict(mirror.counts) == dict.fromkeys(FILES, 1), run.stdout[-4000:]
     assert not mirror.refused, "the mirror refused a request: the credentials did not reach it"
-    assert (reports / "fleet-report.json").exists(), run.stdout[-4000:]
+    assert latest_report(reports, "inventory").exists(), run.stdout[-4000:]
     # Without a venv, verification fails; the failure must be that one and not a crash.
     assert "failed verification" in run.stdout, run.stdout[-4000:]
     texts = {"stdout": run.stdout, "stderr": run.stderr}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import uuid
 
+from ansible_run import latest_report
 from conftest import site
 
 
@@ -20,12 +21,12 @@ def test_missing_container_is_reported_with_ansibles_message(fresh_host, tmp_pat
     reports = tmp_path / "reports"
     out = site(inventory, "--tags", "verify", "-e", f"gpu_verify_report_dir={reports}")
     assert out.returncode != 0
-    report = json.loads((reports / "fleet-report.json").read_text())
+    report = json.loads(latest_report(reports, "inventory").read_text())
     (problem,) = report["hosts"][gone]["problems"]
     assert problem["cause"].startswith("Host unreachable: Failed to create temporary directory.")
     assert "Failed command was" not in problem["cause"]
     assert f"`podman ps -a --filter name={gone}`" in problem["fix"]
-    markdown = (reports / "fleet-report.md").read_text()
+    markdown = latest_report(reports, "inventory", "fleet-report.md").read_text()
     assert "Host unreachable: Failed to create temporary directory." in markdown
-    junit = (reports / "fleet-report.junit.xml").read_text()
+    junit = latest_report(reports, "inventory", "fleet-report.junit.xml").read_text()
     assert 'message="Host unreachable: Failed to create temporary directory.' in junit

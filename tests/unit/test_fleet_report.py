@@ -7,6 +7,7 @@ import datetime
 import html
 import io
 import json
+import os
 import re
 import subprocess
 import sys
@@ -20,6 +21,7 @@ SCRIPT = Path(__file__).resolve().parents[2] / "roles" / "gpu_verify" / "files" 
 sys.path.insert(0, str(SCRIPT.parent))
 
 import fleet_report
+import report_history
 
 HEADERS = [
     "host",
@@ -169,7 +171,14 @@ def test_rows_show_loaded_versions_and_columns() -> None:
     }
     assert list(row["checks"]) == list(fleet_report.CHECKS)
     assert report["generated_at"] == "2026-11-29T12:00:00Z" and report["run_id"] == "r1"
-    assert report["summary"] == {"hosts": 5, "passed": 2, "failed": 3, "unreachable": 1}
+    assert report["summary"] == {
+        "hosts": 5,
+        "passed": 2,
+        "failed": 3,
+        "unreachable": 1,
+        "rechecked": 5,
+        "not_in_run": 0,
+    }
 
 
 def test_failing_and_unreachable_hosts() -> None:
@@ -233,17 +242,28 @@ def test_report_files(tmp_path: Path) -> None:
             str(out_dir),
             "--run-id",
             "42",
+            "--inventory-source",
+            str(tmp_path / "inventories" / "lab" / "hosts.yml"),
         ],
         capture_output=True,
         text=True,
         check=False,
     )
     assert done.returncode == 0, done.stderr
-    data = json.loads((out_dir / "fleet-report.json").read_text())
+    latest = out_dir / "lab" / "latest"
+    data = json.loads((latest / "fleet-report.json").read_text())
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", data["generated_at"])
-    assert data["summary"] == {"hosts": 5, "passed": 2, "failed": 3, "unreachable": 1}
+    assert os.readlink(latest) == data["run_folder"] == data["generated_at"].replace("-", "").replace(":", "")
+    assert data["summary"] == {
+        "hosts": 5,
+        "passed": 2,
+        "failed": 3,
+        "unreachable": 1,
+        "rechecked": 5,
+        "not_in_run": 0,
+    }
     assert data["hosts"]["gpu02"]["results"] == [RESULTS["gpu02"]]
-    md = (out_dir / "fleet-report.md").read_text()
+    md = (latest / "fleet-report.md").read_text()
     assert md.startswith("# GPU fleet report — run 42")
     assert "| " + " | ".join(HEADERS) + " |" in md
     assert (
@@ -258,7 +278,8 @@ def test_stdin_input(tmp_path: Path) -> None:
     out = io.StringIO()
     stdin = io.StringIO(json.dumps({"gpu01": passing_doc()}))
     assert fleet_report.main(["--input", "-", "--out-dir", str(tmp_path)], stdin=stdin, stdout=out) == 0
-    assert (tmp_path / "fleet-report.md").exists() and "1 host: 1 passed, 0 failed" in out.getvalue()
+    assert (tmp_path / "default" / "latest" / "fleet-report.md").exists()
+    assert "1 host: 1 passed, 0 failed" in out.getvalue()
 
 
 @pytest.mark.parametrize("text", ["not json", "[1, 2]", ""])
@@ -272,7 +293,7 @@ def test_bad_input_exits_2(tmp_path: Path, text: str) -> None:
         )
         == 2
     )
-    assert not (tmp_path / "fleet-report.json").exists()
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_missing_input_file_exits_2(tmp_path: Path) -> None:
@@ -354,7 +375,8 @@ def test_fit_not_run_is_null_with_a_reason_in_json(tmp_path: Path, doc: dict[str
     source = tmp_path / "results.json"
     source.write_text(json.dumps({"gpu01": [doc]}))
     assert fleet_report.main(["--input", str(source), "--out-dir", str(tmp_path)], stdout=io.StringIO()) == 0
-    row = json.loads((tmp_path / "fleet-report.json").read_text())["hosts"]["gpu01"]["rows"][0]
+    report = tmp_path / "default" / "latest" / "fleet-report.json"
+    row = json.loads(report.read_text())["hosts"]["gpu01"]["rows"][0]
     assert row["checks"]["fit"] == {"status": "not run", "passed": None, "reason": reason}
     assert row["not_run"] == "fit"
     passed = {name for name, outcome in row["checks"].items() if outcome["passed"] is True}
@@ -521,3 +543,154 @@ def test_notes_name_the_host_once() -> None:
         assert "gpu-f3 (tf2.12): loaded libcudart 11.8 /usr/local/cuda-11.8/lib64/libcudart.so.11.8.89" in text
         assert "gpu-f3 (tf2.15): loaded libcudart 11.8 /usr/local/cuda-12.2/lib64/libcudart.so.12.2.140" in text
         assert "gpu01: on CPUs" in text and "gpu01: loaded libcudart 11.8" in text
+
+
+# --- history: run folders, latest, merging a partial run -------------------------------------------
+
+T0 = datetime.datetime(2026, 12, 1, 17, 4, 0, tzinfo=datetime.timezone.utc)  # noqa: UP017
+T1 = T0 + datetime.timedelta(hours=1)
+T2 = T0 + datetime.timedelta(hours=2)
+
+
+def _failed_doc() -> dict[str, Any]:
+    doc = passing_doc()
+    doc["ok"] = False
+    doc["problems"] = [{"check": "fit", "cause": "loss is nan", "fix": "lower the learning rate"}]
+    return doc
+
+
+def _cli(out_dir: Path, results: dict[str, Any], now: datetime.datetime, *extra: str) -> dict[str, Any]:
+    out = io.StringIO()
+    argv = ["--input", "-", "--out-dir", str(out_dir), "--inventory-name", "lab", "--emit", "json", *extra]
+    assert fleet_report.main(argv, stdin=io.StringIO(json.dumps(results)), stdout=out, now=now) == 0
+    return json.loads(out.getvalue())
+
+
+@pytest.mark.parametrize(
+    "sources, override, expected",
+    [
+        (["{tmp}/inventories/sandbox"], None, "sandbox"),
+        (["{tmp}/inventories/gpu_hosts/hosts.yml"], None, "gpu_hosts"),
+        (["{tmp}/inventories/sandbox", "{tmp}/inventories/gpu_hosts/hosts.yml"], None, "sandbox+gpu_hosts"),
+        (["{tmp}/inventories/sandbox"], "GPU fleet (prod)", "GPU_fleet__prod_"),
+        (["gpu01,gpu02,"], None, "adhoc"),
+        ([], "", "default"),
+        ([], "../..", "default"),
+    ],
+)
+def test_inventory_name(tmp_path: Path, sources: list[str], override: str | None, expected: str) -> None:
+    (tmp_path / "inventories" / "sandbox").mkdir(parents=True)
+    (tmp_path / "inventories" / "gpu_hosts").mkdir()
+    (tmp_path / "inventories" / "gpu_hosts" / "hosts.yml").write_text("all: {}\n")
+    sources = [s.format(tmp=tmp_path) for s in sources]
+    assert report_history.inventory_name(sources, override) == expected
+
+
+def _report(results: dict[str, Any], now: datetime.datetime) -> dict[str, Any]:
+    return fleet_report.build_report(results, None, now)
+
+
+def test_merge_carries_over_the_hosts_a_limited_run_did_not_verify() -> None:
+    previous = _report({"gpu01": passing_doc(), "gpu02": passing_doc(), "gpu03": _failed_doc()}, T0)
+    merged = report_history.merge(previous, _report({"gpu01": _failed_doc()}, T1), ["gpu01", "gpu02", "gpu03"])
+    assert merged["hosts"]["gpu01"]["status"] == "FAIL"  # this run's result, not the old PASS
+    for host, last in (("gpu02", "PASS"), ("gpu03", "FAIL")):
+        entry = merged["hosts"][host]
+        assert (entry["status"], entry["carried_over"], entry["last_status"]) == ("NOT IN THIS RUN", True, last)
+        assert [row["status"] for row in entry["rows"]] == [f"not in this run (last seen 2026-12-01T17:04:00Z: {last})"]
+        assert [o["passed"] for row in entry["rows"] for o in row["checks"].values()] == [None]
+        assert entry["problems"] == []  # not a current failure either
+    assert merged["hosts"]["gpu03"]["last_problems"][0]["cause"] == "loss is nan"
+    assert merged["summary"] == {
+        "hosts": 3,
+        "passed": 0,
+        "failed": 1,
+        "unreachable": 0,
+        "rechecked": 1,
+        "not_in_run": 2,
+    }
+
+
+def test_a_stale_pass_is_never_a_current_pass() -> None:
+    previous = _report({"gpu01": passing_doc(), "gpu02": passing_doc()}, T0)
+    merged = report_history.merge(previous, _report({"gpu01": _failed_doc()}, T1), None)
+    assert merged["summary"]["passed"] == 0
+    junit = ET.fromstring(fleet_report.format_junit(merged))
+    cases = [c for c in junit.iter("testcase") if c.get("classname").startswith("gpu02")]
+    assert [(c.get("name"), [(e.tag, e.get("message")) for e in c]) for c in cases] == [
+        ("verification", [("skipped", "not in this run (last seen 2026-12-01T17:04:00Z: PASS)")])
+    ]
+    text = fleet_report.format_text(merged)
+    assert "3 hosts" not in text and "2 hosts: 0 passed, 1 failed (0 unreachable), 1 not in this run" in text
+    page = fleet_report.format_html(merged)
+    assert '<tr class="carried">' in page and page.count('<tr class="pass">') == 0
+
+
+def test_merge_keeps_the_time_a_host_was_last_verified_and_drops_hosts_gone_from_the_inventory() -> None:
+    first = _report({"gpu01": passing_doc(), "gpu02": passing_doc(), "gpu03": passing_doc()}, T0)
+    second = report_history.merge(first, _report({"gpu01": passing_doc()}, T1), None)
+    third = report_history.merge(second, _report({"gpu01": passing_doc()}, T2), ["gpu01", "gpu02"])
+    assert sorted(third["hosts"]) == ["gpu01", "gpu02"]  # gpu03 left the inventory
+    assert third["hosts"]["gpu02"]["last_seen"] == "2026-12-01T17:04:00Z"
+    assert third["hosts"]["gpu02"]["last_status"] == "PASS"
+
+
+def test_a_full_run_carries_nothing_over() -> None:
+    previous = _report({"gpu01": _failed_doc(), "gpu02": passing_doc()}, T0)
+    merged = report_history.merge(previous, _report({"gpu01": passing_doc(), "gpu02": passing_doc()}, T1), None)
+    assert merged["summary"]["not_in_run"] == 0 and merged["summary"]["passed"] == 2
+    assert merged["merged_from"] is None
+
+
+def test_each_run_gets_a_folder_and_latest_follows_the_last_one(tmp_path: Path) -> None:
+    first = _cli(tmp_path, {"gpu01": passing_doc(), "gpu02": passing_doc()}, T0)
+    second = _cli(tmp_path, {"gpu01": _failed_doc()}, T1, "--inventory-hosts", '["gpu01", "gpu02"]', "--limit", "gpu01")
+    lab = tmp_path / "lab"
+    assert first["run_dir"] == str(lab / "20261201T170400Z") and second["run_dir"] == str(lab / "20261201T180400Z")
+    assert os.readlink(lab / "latest") == "20261201T180400Z"  # relative, so the folder can move
+    old = json.loads((lab / "20261201T170400Z" / "fleet-report.json").read_text())
+    assert old["summary"]["passed"] == 2  # history kept as it was
+    new = json.loads((lab / "latest" / "fleet-report.json").read_text())
+    assert (new["limit"], new["merged_from"], new["inventory"]) == ("gpu01", "20261201T170400Z", "lab")
+    assert second["summary"]["not_in_run"] == 1 and second["summary"]["rechecked"] == 1
+    assert new["hosts"]["gpu02"]["rows"][0]["status"] == "not in this run (last seen 2026-12-01T17:04:00Z: PASS)"
+    junit = (lab / "latest" / "fleet-report.junit.xml").read_text()
+    assert '<skipped message="not in this run (last seen 2026-12-01T17:04:00Z: PASS)" />' in junit
+    assert "not in this run (last seen 2026-12-01T17:04:00Z: PASS)" in (lab / "latest" / "fleet-report.md").read_text()
+    assert not [p for p in lab.iterdir() if p.name.startswith(".")]  # no temporary link left
+
+
+def test_only_the_last_runs_are_kept(tmp_path: Path) -> None:
+    for hour in range(4):
+        _cli(tmp_path, {"gpu01": passing_doc()}, T0 + datetime.timedelta(hours=hour), "--keep", "2")
+    assert sorted(p.name for p in (tmp_path / "lab").iterdir()) == ["20261201T190400Z", "20261201T200400Z", "latest"]
+    out = io.StringIO()
+    bad = ["--input", "-", "--out-dir", str(tmp_path), "--keep", "0"]
+    assert fleet_report.main(bad, stdin=io.StringIO("{}"), stdout=out) == 2
+
+
+def test_two_runs_in_one_second_get_two_folders(tmp_path: Path) -> None:
+    _cli(tmp_path, {"gpu01": passing_doc()}, T0)
+    again = _cli(tmp_path, {"gpu01": _failed_doc()}, T0)
+    assert again["run_dir"].endswith("/20261201T170400Z-1")
+    assert os.readlink(tmp_path / "lab" / "latest") == "20261201T170400Z-1"
+
+
+def test_dry_run_writes_and_deletes_nothing(tmp_path: Path) -> None:
+    _cli(tmp_path, {"gpu01": passing_doc(), "gpu02": passing_doc()}, T0, "--keep", "1")
+    before = sorted(str(p) for p in tmp_path.rglob("*"))
+    done = _cli(tmp_path, {"gpu01": _failed_doc()}, T1, "--dry-run", "--keep", "1")
+    assert sorted(str(p) for p in tmp_path.rglob("*")) == before
+    assert os.readlink(tmp_path / "lab" / "latest") == "20261201T170400Z"
+    assert (done["written"], done["run_dir"], done["summary"]["not_in_run"]) == (False, None, 1)
+    assert "1 not in this run" in done["table"]
+
+
+def test_an_unreadable_previous_report_is_named_and_not_merged(tmp_path: Path) -> None:
+    _cli(tmp_path, {"gpu01": passing_doc(), "gpu02": passing_doc()}, T0)
+    (tmp_path / "lab" / "latest" / "fleet-report.json").write_text("{truncated")
+    done = _cli(tmp_path, {"gpu01": passing_doc()}, T1)
+    assert done["summary"]["not_in_run"] == 0
+    assert (
+        "previous report" in done["table"] and "unreadable" in done["table"] and "Remove it or fix it" in done["table"]
+    )

@@ -153,7 +153,7 @@ def test_every_written_file_has_an_owner_group_and_safe_mode():
 def test_the_walk_reaches_tasks_in_blocks_and_plays():
     names = {task.get("name") for path in task_files() for task, _ in file_tasks(path)}
     assert "Blacklist nouveau" in names  # inside a block
-    assert "Remove the previous run's fleet report" in names  # a play's pre_tasks
+    assert "Check the verification options" in names  # a play's pre_tasks (playbooks/preflight.yml)
 
 
 @pytest.mark.parametrize(

@@ -10,8 +10,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from ansible_run import run_playbook
+from ansible_run import latest_report, run_playbook
 
+# Molecule runs ansible-playbook with `-i <ephemeral dir>/inventory` (a folder holding
+# ansible_inventory.yml, which the tests get as MOLECULE_INVENTORY_FILE): gpu_verify names the
+# report folder after it, so the reports are under <report dir>/inventory/.
+MOLECULE_INVENTORY = "inventory"
 CUDA = "/usr/local/cuda-11.8"
 VENV = "/opt/tensorflow/2.12"
 
@@ -111,7 +115,7 @@ def test_installers_removed_from_host_cache(host):
 
 
 def test_report_json_fields():
-    report = json.loads((ROOT / "reports/fleet-report.json").read_text())
+    report = json.loads(latest_report(ROOT / "reports", MOLECULE_INVENTORY).read_text())
     entry = next(iter(report["hosts"].values()))
     assert entry["status"] == "PASS"
     doc = entry["results"][0]
@@ -130,8 +134,8 @@ def test_report_json_fields():
 
 
 def test_report_for_people_and_ci_dashboards():
-    assert '<tr class="pass">' in (ROOT / "reports/fleet-report.html").read_text()
-    junit = (ROOT / "reports/fleet-report.junit.xml").read_text()
+    assert '<tr class="pass">' in latest_report(ROOT / "reports", MOLECULE_INVENTORY, "fleet-report.html").read_text()
+    junit = latest_report(ROOT / "reports", MOLECULE_INVENTORY, "fleet-report.junit.xml").read_text()
     assert 'failures="0"' in junit and 'name="fit"' in junit
 
 
@@ -147,5 +151,5 @@ def test_more_gpus_expected_than_seen_fails_verification(tmp_path):
     )
     assert out.returncode != 0
     assert "Expected 3 GPUs, nvidia-smi sees 2 (1 missing)" in out.stdout
-    report = json.loads((tmp_path / "fleet-report.json").read_text())
+    report = json.loads(latest_report(tmp_path, MOLECULE_INVENTORY).read_text())
     assert report["summary"]["failed"] == 1

@@ -22,10 +22,14 @@ import testinfra
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from ansible_run import run_playbook
+from ansible_run import latest_report, run_playbook
 
 A, B = "molecule-faults-a", "molecule-faults-b"
 # Paths inside the sandbox containers A and B, not on the machine that runs the tests.
+# Molecule runs ansible-playbook with `-i <ephemeral dir>/inventory` (a folder holding
+# ansible_inventory.yml, which the tests get as MOLECULE_INVENTORY_FILE): gpu_verify names the
+# report folder after it, so the reports are under <report dir>/inventory/.
+MOLECULE_INVENTORY = "inventory"
 CUDA = "/usr/local/cuda-11.8"
 LIB64 = f"{CUDA}/lib64"
 BACKUP = "/root/fault-backup"
@@ -167,7 +171,7 @@ def verify_run(tmp_path_factory, hosts: list[str], *extra: str) -> tuple[subproc
         f"gpu_verify_report_dir={reports}",
         *extra,
     )
-    path = reports / "fleet-report.json"
+    path = latest_report(reports, MOLECULE_INVENTORY)
     assert path.exists(), run.stdout[-4000:]
     return run, json.loads(path.read_text())
 
@@ -304,23 +308,37 @@ def test_a_worker_that_cannot_be_reached_fails_the_cluster_in_time(tmp_path_fact
 
 
 def test_check_mode_still_verifies_and_reports_a_broken_host(tmp_path_factory, standins, fault_reports):
-    """--check changes nothing on the host, but the checks are read-only and run for real."""
+    """--check changes nothing on the host, but the checks are read-only and run for real; the
+    report is printed and not written (check mode changes nothing on the controller either)."""
     fault = faults(standins)["libcudnn_removed"]
+    reports = tmp_path_factory.mktemp("check")
     shell(A, fault.apply)
     try:
-        run, report = verify_run(tmp_path_factory, [A], "--check")
+        run = run_playbook(
+            "playbooks/verify.yml",
+            os.environ["MOLECULE_INVENTORY_FILE"],
+            "--limit",
+            A,
+            "--check",
+            "-e",
+            f"gpu_verify_report_dir={reports}",
+        )
     finally:
         shell(A, fault.undo)
     assert run.returncode != 0
-    assert _host(report, A)["status"] == "FAIL"
-    assert any(p["check"] == "libcudnn" for p in _host(report, A)["problems"])
+    assert re.search(rf"{re.escape(A)}( \([^)]*\))?\s+FAIL\s", run.stdout), run.stdout[-4000:]
+    assert re.search(rf"{re.escape(A)}( \([^)]*\))? \[libcudnn\]: ", run.stdout), run.stdout[-4000:]
+    assert list(reports.iterdir()) == []
 
 
-def test_a_run_that_stops_early_leaves_no_stale_report(tmp_path_factory, fault_reports):
-    """A multi-worker run on one host stops before the report: the old PASS report is gone."""
+def test_a_run_that_stops_early_leaves_latest_at_the_last_completed_report(tmp_path_factory, fault_reports):
+    """A multi-worker run on one host stops before the report: no new run folder, and `latest`
+    still points at the last completed verification (whose folder name says when it ran)."""
     reports = tmp_path_factory.mktemp("stale")
-    for suffix in ("json", "md", "html", "junit.xml"):
-        (reports / f"fleet-report.{suffix}").write_text("stale PASS")
+    inventory_dir = reports / MOLECULE_INVENTORY
+    (inventory_dir / "20260101T000000Z").mkdir(parents=True)
+    (inventory_dir / "20260101T000000Z" / "fleet-report.json").write_text("{}")
+    (inventory_dir / "latest").symlink_to("20260101T000000Z")
     run = run_playbook(
         "playbooks/verify.yml",
         os.environ["MOLECULE_INVENTORY_FILE"],
@@ -333,7 +351,8 @@ def test_a_run_that_stops_early_leaves_no_stale_report(tmp_path_factory, fault_r
     )
     assert run.returncode != 0
     assert "needs at least 2 hosts in the play, got 1" in run.stdout
-    assert list(reports.iterdir()) == []
+    assert sorted(p.name for p in inventory_dir.iterdir()) == ["20260101T000000Z", "latest"]
+    assert os.readlink(inventory_dir / "latest") == "20260101T000000Z"
 
 
 @pytest.mark.parametrize(
@@ -416,7 +435,7 @@ def test_a_rerun_repairs_a_damaged_host(tmp_path_factory, standins, fault_report
         "-e",
         f"gpu_verify_report_dir={reports}",
     )
-    report = json.loads((reports / "fleet-report.json").read_text())
+    report = json.loads(latest_report(reports, MOLECULE_INVENTORY).read_text())
     assert run.returncode == 0, run.stdout[-4000:]
     assert [_host(report, h)["status"] for h in (A, B)] == ["PASS", "PASS"]
     for host in (A, B):

@@ -28,23 +28,28 @@ reason; its other checks are omitted everywhere (the tables' not-run cell reads 
 row's status stays gpu_verify's verdict (``ok`` and no problems): a PASS row may list checks that
 did not run (the scaling figure on logical CPU devices, a driver without a pin), never as passed.
 
-Output:
+Output, in a new run folder ``<out-dir>/<inventory name>/<UTC time>/`` that ``<out-dir>/<inventory
+name>/latest`` then points to, merged with the previous ``latest`` report's hosts that this run did
+not verify (see report_history.py; ``--dry-run`` writes nothing):
 
-* ``<out-dir>/fleet-report.json``: ``{"generated_at": ISO 8601 UTC, "run_id", "hosts": {host:
+* ``<run folder>/fleet-report.json``: ``{"generated_at": ISO 8601 UTC, "run_id", "hosts": {host:
   {"status": "PASS"|"FAIL", "unreachable": bool, "rows": [row, ...], "problems": [...],
   "mode_notes": [...], "results": [doc, ...]}}, "multiworker": null or {"status", "workers",
   "chief", ...} (see :func:`multiworker_summary`), "summary": {"hosts", "passed", "failed",
-  "unreachable"}}``; a host passes only if every stack on it passed.  A row holds the table's
+  "unreachable", "rechecked", "not_in_run"}, "inventory", "run_folder", "limit", "merged_from"}``; a
+  host passes only if every stack on it passed; a host carried over from the previous report has
+  ``"status": "NOT IN THIS RUN"``, ``carried_over``, ``last_seen``, ``last_status`` and
+  ``last_problems`` (:func:`report_history.carried_host`).  A row holds the table's
   cells (strings; ``not_run`` lists the checks that did not run) and ``checks``: ``{check:
   {"status": "pass"|"fail"|"not run", "passed": true|false|null, "reason": str|null}}``, where
   ``passed`` is null and ``reason`` says why for a check that did not run, and ``reason`` is the
   first cause for a failed one.
-* ``<out-dir>/fleet-report.md``: the same table in Markdown, then the notes, every check that did
+* ``<run folder>/fleet-report.md``: the same table in Markdown, then the notes, every check that did
   not run with its reason (``not run: ...``) and every cause and fix.
-* ``<out-dir>/fleet-report.html``: a self-contained page (inline CSS, no scripts) with the table,
+* ``<run folder>/fleet-report.html``: a self-contained page (inline CSS, no scripts) with the table,
   each row coloured by pass/fail, then the notes, the checks that did not run and every cause
   and fix.
-* ``<out-dir>/fleet-report.junit.xml``: JUnit XML for CI dashboards, one test suite with one test
+* ``<run folder>/fleet-report.junit.xml``: JUnit XML for CI dashboards, one test suite with one test
   case per row and check (classname the row, name the check): passed, ``<failure>`` or
   ``<skipped message="not run: <reason>"/>``; a row without a verification document is the one
   failed case ``verification``.  The suite counts ``tests``, ``failures``, ``errors`` (0) and
@@ -70,7 +75,11 @@ import sys
 import tempfile
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, TextIO
+
+# report_history.py sits beside this script, which runs as a script (sys.path[0] is its folder).
+import report_history
 
 EXIT_OK = 0
 EXIT_USAGE = 2
@@ -339,6 +348,18 @@ def _hosts(count: int) -> str:
     return f"{count} host" + ("" if count == 1 else "s")
 
 
+def summary_line(summary: dict[str, Any]) -> str:
+    """``3 hosts: 1 passed, 0 failed (0 unreachable), 2 not in this run``: the counts of a report,
+    where passed and failed count only the hosts verified in this run."""
+    line = (
+        f"{_hosts(summary['hosts'])}: {summary['passed']} passed, {summary['failed']} failed "
+        f"({summary['unreachable']} unreachable)"
+    )
+    if summary.get("not_in_run"):
+        line += f", {summary['not_in_run']} not in this run (last results carried over, not re-checked)"
+    return line
+
+
 def _disk_gib(used: Any) -> str:
     """Sum of ``disk_used_bytes`` ({path: bytes}: toolkits, venv, artifact cache) in GiB, or '-'."""
     if not isinstance(used, dict) or not used:
@@ -512,12 +533,16 @@ def build_report(results: dict[str, Any], run_id: str | None, now: datetime.date
             "passed": passed,
             "failed": len(hosts) - passed,
             "unreachable": sum(1 for h in hosts.values() if h["unreachable"]),
+            "rechecked": len(hosts),
+            "not_in_run": 0,
         },
     }
 
 
-def _rows(report: dict[str, Any]) -> list[dict[str, str]]:
-    return [row for host in report["hosts"].values() for row in host["rows"]]
+def _rows(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every row, with ``-`` in any cell a row lacks (a host carried over from an older report)."""
+    blank = dict.fromkeys((key for key, _title in COLUMNS), "-")
+    return [{**blank, "checks": {}, **row} for host in report["hosts"].values() for row in host["rows"]]
 
 
 def _note_line(name: str, host: dict[str, Any], note: str) -> str:
@@ -556,8 +581,7 @@ def format_text(report: dict[str, Any]) -> str:
     summary = report["summary"]
     lines.append("")
     lines.append(
-        f"{_hosts(summary['hosts'])}: {summary['passed']} passed, {summary['failed']} failed "
-        f"({summary['unreachable']} unreachable); generated {report['generated_at']}"
+        f"{summary_line(summary)}; generated {report['generated_at']}"
         + (f", run {report['run_id']}" if report.get("run_id") else "")
     )
     if report.get("multiworker"):
@@ -586,11 +610,7 @@ def format_markdown(report: dict[str, Any]) -> str:
     lines = [
         title,
         "",
-        (
-            f"Generated {report['generated_at']}: {_hosts(summary['hosts'])}, "
-            f"{summary['passed']} passed, {summary['failed']} failed "
-            f"({summary['unreachable']} unreachable)."
-        ),
+        f"Generated {report['generated_at']}: {summary_line(summary)}.",
         "",
         *([_md(multiworker_line(report["multiworker"])), ""] if report.get("multiworker") else []),
         "| " + " | ".join(_md(t) for _key, t in COLUMNS) + " |",
@@ -618,7 +638,7 @@ HTML_STYLE = (
     "tr.pass td.status{background:#c8f0c8}tr.fail td.status{background:#f6c4c4}"
     "tr.fail{background:#fff4f4}li{margin:.3em 0}"
     "p#multiworker{padding:.3em .6em;display:inline-block}p#multiworker.pass{background:#c8f0c8}"
-    "p#multiworker.fail{background:#f6c4c4}td.not_run{color:#7a5c00}"
+    "p#multiworker.fail{background:#f6c4c4}td.not_run{color:#7a5c00}tr.carried{color:#666;font-style:italic}"
 )
 
 
@@ -631,7 +651,7 @@ def format_html(report: dict[str, Any]) -> str:
     rows = []
     for row in _rows(report):
         cells = "".join(f'<td class="{key}">{esc(str(row[key]))}</td>' for key, _title in COLUMNS)
-        rows.append(f'<tr class="{row["status"].lower()}">{cells}</tr>')
+        rows.append(f'<tr class="{"carried" if row.get("carried") else row["status"].lower()}">{cells}</tr>')
     notes, problems, not_run = _details(report)
     items = "".join(
         f"<li><b>{esc(where)}</b> <code>{esc(str(p.get('check')))}</code>: {esc(str(p.get('cause')))}"
@@ -645,8 +665,7 @@ def format_html(report: dict[str, Any]) -> str:
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>GPU fleet report</title>'
         f"<style>{HTML_STYLE}</style></head><body>\n<h1>GPU fleet report</h1>\n"
-        f"<p>Generated {esc(report['generated_at'])}: {_hosts(summary['hosts'])}, {summary['passed']} passed, "
-        f"{summary['failed']} failed ({summary['unreachable']} unreachable).</p>\n"
+        f"<p>Generated {esc(report['generated_at'])}: {esc(summary_line(summary))}.</p>\n"
         + (
             f'<p id="multiworker" class="{report["multiworker"]["status"].lower()}">'
             f"{esc(multiworker_line(report['multiworker']))}</p>\n"
@@ -672,7 +691,10 @@ def _junit_case(suite: ET.Element, row: dict[str, Any], check: str, found: list[
     https://github.com/jenkinsci/xunit-plugin/blob/master/src/main/resources/org/jenkinsci/plugins/xunit/types/model/xsd/junit-10.xsd)."""
     outcome = row["checks"][check]
     case = ET.SubElement(suite, "testcase", classname=row["host"], name=check)
-    if outcome["status"] == NOT_RUN:
+    if outcome.get("carried"):
+        # A host this run did not verify: skipped with its last result, never a pass.
+        ET.SubElement(case, "skipped", message=str(outcome["reason"]))
+    elif outcome["status"] == NOT_RUN:
         ET.SubElement(case, "skipped", message=f"not run: {outcome['reason'] or 'no reason given'}")
     elif outcome["status"] == FAIL:
         failing = found if check == NO_DOCUMENT_CHECK else [p for p in found if str(p.get("check")) == check]
@@ -689,7 +711,8 @@ def format_junit(report: dict[str, Any]) -> str:
     suite = ET.Element("testsuite", name="gpu-fleet", timestamp=report["generated_at"])
     counts = {PASS: 0, FAIL: 0, NOT_RUN: 0}
     for name, host in report["hosts"].items():
-        for row, doc in zip(host["rows"], host["results"]):
+        docs = [{}] * len(host["rows"]) if host.get("carried_over") else host["results"]
+        for row, doc in zip(host["rows"], docs):
             found = host_problems(doc, name)
             for check in row["checks"]:
                 counts[_junit_case(suite, row, check, found)] += 1
@@ -732,45 +755,97 @@ def load_input(source: str, stdin: TextIO) -> dict[str, Any]:
 def build_parser() -> argparse.ArgumentParser:
     """The command-line interface."""
     parser = argparse.ArgumentParser(
-        description="Write fleet-report.{json,md,html,junit.xml} from per-host gpu_verify results and print the table.",
+        description="Write <out-dir>/<inventory>/<UTC time>/fleet-report.{json,md,html,junit.xml} from per-host "
+        "gpu_verify results, merged with the previous run's hosts that this run did not verify; point "
+        "<out-dir>/<inventory>/latest at it, keep the last --keep runs; print the table.",
         epilog="Exit codes: 0 report written (whatever the hosts' results), 2 bad input or usage error.",
     )
     parser.add_argument("--input", required=True, help="JSON file {hostname: result}, or - for stdin")
+    parser.add_argument("--out-dir", required=True, help="report folder; each inventory gets its own folder in it")
+    parser.add_argument("--inventory-name", help="inventory folder name (default: from --inventory-source)")
     parser.add_argument(
-        "--out-dir",
-        required=True,
-        help="folder for fleet-report.json, .md, .html and .junit.xml",
+        "--inventory-source", action="append", default=[], help="an -i source of the run (repeat for each)"
+    )
+    parser.add_argument(
+        "--inventory-hosts",
+        help="JSON list of every host in the inventory: previous hosts not in it are dropped, not carried over",
+    )
+    parser.add_argument("--keep", type=int, default=report_history.DEFAULT_KEEP, help="run folders to keep (>= 1)")
+    parser.add_argument("--limit", help="the run's --limit, recorded in the report")
+    parser.add_argument("--dry-run", action="store_true", help="write and delete nothing (--check): print only")
+    parser.add_argument(
+        "--emit", choices=("text", "json"), default="text", help="stdout: the table, or JSON {table, summary, ...}"
     )
     parser.add_argument("--run-id", help="label for this run, shown in the report")
     return parser
+
+
+def render(report: dict[str, Any]) -> dict[str, str]:
+    """The report's files: {file name: text}."""
+    return {
+        "fleet-report.json": json.dumps(report, indent=2, sort_keys=True, default=str) + "\n",
+        "fleet-report.md": format_markdown(report),
+        "fleet-report.html": format_html(report),
+        "fleet-report.junit.xml": format_junit(report),
+    }
+
+
+def _inventory_hosts(value: str | None) -> list[str] | None:
+    if value is None:
+        return None
+    hosts = json.loads(value)
+    if not isinstance(hosts, list):
+        raise BadInput(f"--inventory-hosts must be a JSON list of host names, got {type(hosts).__name__}")
+    return [str(h) for h in hosts]
+
+
+def run(args: argparse.Namespace, results: dict[str, Any], now: datetime.datetime) -> dict[str, Any]:
+    """Build, merge and (unless --dry-run) write the report; returns what --emit json prints."""
+    name = report_history.inventory_name(args.inventory_source, args.inventory_name)
+    inventory_dir = Path(args.out_dir) / name
+    previous, warning = report_history.load_previous(inventory_dir)
+    report = report_history.merge(
+        previous, build_report(results, args.run_id, now), _inventory_hosts(args.inventory_hosts)
+    )
+    report.update(inventory=name, limit=args.limit or None, run_folder=None)
+    folder = None
+    if not args.dry_run:
+        folder = report_history.write_run(inventory_dir, now, report, render, args.keep, _write)
+    return {
+        "table": format_text(report) + (f"\nWarning: {warning}\n" if warning else ""),
+        "summary": report["summary"],
+        "inventory": name,
+        "run_dir": str(folder) if folder else None,
+        "latest": str(inventory_dir / report_history.LATEST) if folder else None,
+        "written": folder is not None,
+    }
 
 
 def main(
     argv: Sequence[str] | None = None,
     stdin: TextIO = sys.stdin,
     stdout: TextIO = sys.stdout,
+    now: datetime.datetime | None = None,
 ) -> int:
     """CLI entry point; returns the exit code."""
     args = build_parser().parse_args(argv)
+    if args.keep < 1:
+        print(f"fleet_report: --keep is {args.keep}; keep at least 1 run (gpu_verify_report_keep).", file=sys.stderr)
+        return EXIT_USAGE
     try:
         results = load_input(args.input, stdin)
-    except BadInput as exc:
+        done = run(args, results, now or datetime.datetime.now(datetime.timezone.utc))  # noqa: UP017
+    except (BadInput, ValueError) as exc:
         print(f"fleet_report: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    report = build_report(results, args.run_id)
-    try:
-        os.makedirs(args.out_dir, exist_ok=True)
-        _write(
-            os.path.join(args.out_dir, "fleet-report.json"),
-            json.dumps(report, indent=2, sort_keys=True, default=str) + "\n",
-        )
-        _write(os.path.join(args.out_dir, "fleet-report.md"), format_markdown(report))
-        _write(os.path.join(args.out_dir, "fleet-report.html"), format_html(report))
-        _write(os.path.join(args.out_dir, "fleet-report.junit.xml"), format_junit(report))
     except OSError as exc:
-        print(f"fleet_report: cannot write to {args.out_dir}: {exc}", file=sys.stderr)
+        print(
+            f"fleet_report: cannot write the report under {args.out_dir}: {exc}. "
+            "Make the folder writable or set gpu_verify_report_dir to one that is.",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
-    stdout.write(format_text(report))
+    stdout.write(json.dumps(done) + "\n" if args.emit == "json" else done["table"])
     return EXIT_OK
 
 

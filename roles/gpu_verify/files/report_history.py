@@ -1,0 +1,214 @@
+"""History of fleet reports on the controller: one folder per run, ``latest``, merging partial runs.
+
+Layout under the report folder (``gpu_verify_report_dir``)::
+
+    <inventory name>/<UTC time, 20261201T170400Z>/fleet-report.{json,md,html,junit.xml}
+    <inventory name>/latest -> <UTC time>      (relative symlink, switched atomically)
+
+``latest`` is the last *completed* verification: a run that stops before the report creates no
+run folder and leaves ``latest`` alone, so dashboards should read the time of the folder it
+points to.  The last ``keep`` run folders are kept; older ones are deleted.
+
+A run that did not cover every host of the last full picture (``--limit``, a batch, a job slice)
+merges: the hosts it verified carry this run's results; every other host of the previous
+``latest`` report that is still in the inventory is carried over with its last status, marked
+``not in this run (last seen <time>: <status>)``, and counts neither as passed nor as failed.
+
+Pure functions (:func:`inventory_name`, :func:`merge`, :func:`carried_host`) are kept apart from
+the file system (:func:`load_previous`, :func:`write_run`, :func:`prune`).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import re
+import shutil
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+LATEST = "latest"
+RUN_FOLDER = re.compile(r"^\d{8}T\d{6}Z(?:-\d+)?$")
+NOT_IN_RUN = "not in this run"
+CARRIED_CHECK = "verification"
+DEFAULT_KEEP = 30
+DEFAULT_NAME = "default"
+
+
+def run_folder_name(now: datetime.datetime) -> str:
+    """``20261201T170400Z``: the run's UTC time, sortable and safe in a path."""
+    return now.astimezone(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")  # noqa: UP017 (Python < 3.11)
+
+
+def _safe(name: str) -> str:
+    """A folder name made of ``[A-Za-z0-9._+-]`` (anything else becomes ``_``) with at least one
+    letter or digit (so never ``.`` or ``..``), else :data:`DEFAULT_NAME`."""
+    cleaned = re.sub(r"[^A-Za-z0-9._+-]", "_", name.strip()).strip(".")
+    return cleaned if re.search(r"[A-Za-z0-9]", cleaned) else DEFAULT_NAME
+
+
+def _source_name(source: str) -> str:
+    """An inventory source's name: a folder's own name, a file's folder's name (as Ansible's
+    ``inventory_dir``), ``adhoc`` for a host list (``-i host1,host2,``)."""
+    if "," in source and not os.path.exists(source):
+        return "adhoc"
+    path = Path(source.rstrip("/") or "/")
+    return path.name if path.is_dir() else path.parent.name
+
+
+def inventory_name(sources: Iterable[str], override: str | None = None) -> str:
+    """The report's inventory folder name: ``override`` when given (``gpu_verify_inventory_name``,
+    AWX's ``awx_inventory_name``), else the name of each ``-i`` source, in order, joined by ``+``
+    (``-i inventories/sandbox`` -> ``sandbox``; ``-i a/hosts.yml -i b`` -> ``a+b``)."""
+    if override and override.strip():
+        return _safe(override)
+    names: list[str] = []
+    for source in sources:
+        name = _source_name(str(source))
+        if name and name not in names:
+            names.append(name)
+    return _safe("+".join(names)) if names else DEFAULT_NAME
+
+
+def marker(last_seen: str | None, last_status: str | None) -> str:
+    """``not in this run (last seen 2026-12-01T17:04:00Z: PASS)``."""
+    return f"{NOT_IN_RUN} (last seen {last_seen or 'never'}: {last_status or 'unknown'})"
+
+
+def carried_host(previous_host: dict[str, Any], previous_generated_at: str | None) -> dict[str, Any]:
+    """A host of the previous report that this run did not verify.
+
+    Its last status and time are kept (from the host itself when it was already carried over,
+    so the time is when it was last *verified*); its rows keep the last versions for reference,
+    but their status reads ``not in this run (...)`` and their one check is not run: a stale PASS
+    is never shown or counted as a current pass."""
+    if previous_host.get("carried_over"):
+        last_seen, last_status = previous_host.get("last_seen"), previous_host.get("last_status")
+        last_problems = previous_host.get("last_problems") or []
+    else:
+        last_seen, last_status = previous_generated_at, previous_host.get("status")
+        last_problems = previous_host.get("problems") or []
+    text = marker(last_seen, last_status)
+    outcome = {"status": "not run", "passed": None, "reason": text, "carried": True}
+    rows = [
+        dict(row, status=text, problems="-", not_run="all", checks={CARRIED_CHECK: dict(outcome)}, carried=True)
+        for row in previous_host.get("rows") or [{"host": "?"}]
+        if isinstance(row, dict)
+    ]
+    return {
+        "status": NOT_IN_RUN.upper(),
+        "unreachable": False,
+        "carried_over": True,
+        "last_seen": last_seen,
+        "last_status": last_status,
+        "last_problems": last_problems,
+        "rows": rows,
+        "problems": [],
+        "mode_notes": [],
+        "results": [],
+    }
+
+
+def merge(
+    previous: dict[str, Any] | None,
+    current: dict[str, Any],
+    inventory_hosts: Iterable[str] | None = None,
+) -> dict[str, Any]:
+    """The report of this run (``current``, from ``fleet_report.build_report``) merged into the
+    last full picture (``previous``, the previous ``latest`` report's JSON, or None).
+
+    Hosts this run verified keep this run's results.  A host of ``previous`` that this run did
+    not verify is carried over (:func:`carried_host`) when it is still in ``inventory_hosts``
+    (None: no filter); a host no longer in the inventory is dropped.  The summary gains
+    ``rechecked`` (hosts verified in this run) and ``not_in_run`` (hosts carried over); ``hosts``
+    counts both, ``passed``/``failed``/``unreachable`` count only this run's hosts."""
+    merged = dict(current, hosts=dict(current["hosts"]), summary=dict(current["summary"]))
+    rechecked = len(current["hosts"])
+    keep = None if inventory_hosts is None else set(inventory_hosts)
+    carried = {}
+    if isinstance(previous, dict) and isinstance(previous.get("hosts"), dict):
+        for name, host in previous["hosts"].items():
+            if name in current["hosts"] or not isinstance(host, dict) or (keep is not None and name not in keep):
+                continue
+            carried[name] = carried_host(host, previous.get("generated_at"))
+    merged["hosts"] = {
+        name: (merged["hosts"].get(name) or carried[name]) for name in sorted({**carried, **merged["hosts"]})
+    }
+    merged["summary"].update(hosts=rechecked + len(carried), rechecked=rechecked, not_in_run=len(carried))
+    merged["merged_from"] = previous.get("run_folder") if carried and isinstance(previous, dict) else None
+    return merged
+
+
+def load_previous(inventory_dir: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """The JSON of the report ``<inventory_dir>/latest`` points to, and a warning when there is
+    one that cannot be read (the run then starts a new full picture instead of merging)."""
+    path = inventory_dir / LATEST / "fleet-report.json"
+    if not path.exists():
+        return None, None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        return None, f"previous report {path} unreadable ({exc}); this run does not merge it. Remove it or fix it."
+    if not isinstance(data, dict):
+        return None, f"previous report {path} is not a JSON object; this run does not merge it. Remove it."
+    return data, None
+
+
+def point_latest(inventory_dir: Path, run_folder: str) -> None:
+    """Point ``latest`` at ``run_folder`` atomically: a new relative link under a temporary name,
+    renamed over the old one (rename(2) replaces a link in one step, POSIX ``rename``)."""
+    tmp = inventory_dir / f".{LATEST}.{os.getpid()}"
+    if tmp.is_symlink() or tmp.exists():
+        tmp.unlink()
+    os.symlink(run_folder, tmp)
+    os.replace(tmp, inventory_dir / LATEST)
+
+
+def prune(inventory_dir: Path, keep: int) -> list[str]:
+    """Delete all but the newest ``keep`` run folders (never the one ``latest`` points to);
+    returns the names deleted."""
+    runs = sorted(
+        p.name for p in inventory_dir.iterdir() if RUN_FOLDER.match(p.name) and p.is_dir() and not p.is_symlink()
+    )
+    latest = os.readlink(inventory_dir / LATEST) if (inventory_dir / LATEST).is_symlink() else None
+    doomed = [name for name in runs[: max(len(runs) - max(keep, 1), 0)] if name != latest]
+    for name in doomed:
+        shutil.rmtree(inventory_dir / name)
+    return doomed
+
+
+def new_run_folder(inventory_dir: Path, now: datetime.datetime) -> Path:
+    """Create ``<inventory_dir>/<UTC time>`` (``-1``, ``-2``... when a run in the same second
+    already has it); creation is exclusive, so two runs never share a folder."""
+    inventory_dir.mkdir(parents=True, exist_ok=True)
+    base = run_folder_name(now)
+    for attempt in range(1000):
+        path = inventory_dir / (base if attempt == 0 else f"{base}-{attempt}")
+        try:
+            path.mkdir()
+        except FileExistsError:
+            continue
+        return path
+    raise FileExistsError(f"{inventory_dir}/{base}: 1000 run folders in one second")
+
+
+def write_run(
+    inventory_dir: Path,
+    now: datetime.datetime,
+    report: dict[str, Any],
+    render: Callable[[dict[str, Any]], dict[str, str]],
+    keep: int,
+    write: Callable[[str, str], None],
+) -> Path:
+    """Create a new run folder, record its name in ``report["run_folder"]``, write the files
+    ``render(report)`` returns ({file name: text}) with ``write(path, text)`` (atomic per file),
+    then point ``latest`` at the folder and prune older runs; returns the run folder."""
+    folder = new_run_folder(inventory_dir, now)
+    report["run_folder"] = folder.name
+    for name, text in render(report).items():
+        write(str(folder / name), text)
+    point_latest(inventory_dir, folder.name)
+    prune(inventory_dir, keep)
+    return folder
