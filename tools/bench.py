@@ -107,19 +107,26 @@ def _ran_on_host(result: dict[str, Any], host: str) -> bool:
     return not target or target == host
 
 
-def round_trips(doc: dict[str, Any]) -> dict[str, int]:
-    """Module round trips per host in an ansible.posix.json document (see the module docstring)."""
-    counts: dict[str, int] = {host: 0 for host in doc.get("stats", {})}
+def round_trips_by_task(doc: dict[str, Any]) -> dict[str, dict[str, int]]:
+    """Module round trips per host and task name (tasks that cost none left out)."""
+    counts: dict[str, dict[str, int]] = {host: {} for host in doc.get("stats", {})}
     for play in doc.get("plays", []):
         for task in play.get("tasks", []):
             for host, result in task.get("hosts", {}).items():
                 if short_action(str(result.get("action", ""))) in CONTROLLER_ACTIONS:
                     continue
                 items = result.get("results") if isinstance(result.get("results"), list) else [result]
-                counts[host] = counts.get(host, 0) + sum(
-                    1 for item in items if isinstance(item, dict) and _ran_on_host(item, host)
-                )
+                trips = sum(1 for item in items if isinstance(item, dict) and _ran_on_host(item, host))
+                if trips:
+                    name = str(task.get("task", {}).get("name", "?"))
+                    per_host = counts.setdefault(host, {})
+                    per_host[name] = per_host.get(name, 0) + trips
     return counts
+
+
+def round_trips(doc: dict[str, Any]) -> dict[str, int]:
+    """Module round trips per host in an ansible.posix.json document (see the module docstring)."""
+    return {host: sum(tasks.values()) for host, tasks in round_trips_by_task(doc).items()}
 
 
 def pushes_changed(doc: dict[str, Any]) -> int:
@@ -431,7 +438,10 @@ def measure(count: int, work: Path, out: dict[str, Any], *, provisioning_noop: b
         out["noop_s"], doc = play(site, inventory, reports)
         out["written_files"], out["written_bytes"], out["written_paths"] = written_since_stamp(names)
         out["noop_changed"] = sum(s.get("changed", 0) for s in recap(doc).values())
-        out["round_trips"] = max(round_trips(doc).values())
+        trips = round_trips_by_task(doc)
+        busiest = max(trips, key=lambda host: sum(trips[host].values()))
+        out["round_trips"] = sum(trips[busiest].values())
+        out["round_trip_tasks"] = {"host": busiest, "tasks": trips[busiest]}  # for --json: where they go
         out["pushes"] = pushes_changed(doc)
         out["fit_s"] = fit_seconds(latest_report(reports))
         if provisioning_noop:

@@ -45,6 +45,12 @@ def test_round_trips_skip_controller_actions_skipped_items_and_delegated_tasks()
     # facts 1 + probe 1 + two of three loop items + copy 1; not the set_fact, the skipped task or
     # the stat delegated to localhost (which h1 carries as run_once).
     assert bench.round_trips(doc) == {"h1": 5, "h2": 5}
+    assert bench.round_trips_by_task(doc)["h2"] == {
+        "Gathering Facts": 1,
+        "Probe": 1,
+        "Probe each item but the second": 2,
+        "Push a file": 1,
+    }
 
 
 def test_changed_content_pushes_and_recap():
