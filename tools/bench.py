@@ -310,26 +310,9 @@ def start_hosts(count: int) -> list[str]:
     names = []
     for _ in range(count):
         name = f"{PREFIX}-{uuid.uuid4().hex[:8]}"
-        # runc: crun cannot set up cgroups here; ulimits: the defaults need CAP_SYS_RESOURCE.
-        argv = [
-            "podman",
-            "run",
-            "-d",
-            "--name",
-            name,
-            "--hostname",
-            name,
-            "--runtime=runc",
-            "--init",
-            "--ulimit",
-            "nofile=1024:1024",
-            "--ulimit",
-            "nproc=4096:4096",
-            IMAGE,
-            "sleep",
-            "infinity",
-        ]
-        subprocess.run(argv, check=True, capture_output=True)
+        # The sandbox's own podman options (tools/sandbox.sh), one container per name.
+        env = dict(os.environ, GPU_SANDBOX_NAME=name, GPU_SANDBOX_IMAGE=IMAGE)
+        subprocess.run([str(ROOT / "tools" / "sandbox.sh"), "up"], check=True, capture_output=True, env=env)
         names.append(name)
     return names
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Start or remove the sandbox host: a rootful podman container named like the host in
 # inventories/sandbox (gpu-sandbox), from the locally built image.
-# Usage: tools/sandbox.sh up|down|status
+# Usage: tools/sandbox.sh up [extra podman run options]|down|status
+# The tests and the bench start their hosts with it too (GPU_SANDBOX_NAME names each one).
 # Exit codes: 0 done; 1 podman failed; 2 usage.
 set -euo pipefail
 name="${GPU_SANDBOX_NAME:-gpu-sandbox}"
@@ -16,7 +17,7 @@ case "${1:-}" in
     # runc: crun cannot set up cgroups on hosts in hybrid mode; ulimits: the defaults need
     # CAP_SYS_RESOURCE; --init: a PID 1 that reaps and stops fast.
     podman run -d --name "$name" --hostname "$name" --runtime=runc --init \
-      --ulimit nofile=1024:1024 --ulimit nproc=4096:4096 "$image" sleep infinity >/dev/null
+      --ulimit nofile=1024:1024 --ulimit nproc=4096:4096 "${@:2}" "$image" sleep infinity >/dev/null
     echo "sandbox $name started"
     ;;
   down)

@@ -26,22 +26,8 @@ def start_container(prefix: str, *options: str) -> str:
     if shutil.which("podman") is None or not (STANDINS / "artifacts.yml").exists():
         pytest.fail("needs podman, the sandbox image and the stand-ins: run `make image standins` first")
     name = f"{prefix}-{uuid.uuid4().hex[:8]}"
-    limits = ["--ulimit", "nofile=1024:1024", "--ulimit", "nproc=4096:4096"]
-    argv = [
-        "podman",
-        "run",
-        "-d",
-        "--name",
-        name,
-        "--runtime=runc",
-        "--init",
-        *limits,
-        *options,
-        IMAGE,
-        "sleep",
-        "infinity",
-    ]
-    subprocess.run(argv, check=True, capture_output=True)
+    env = dict(os.environ, GPU_SANDBOX_NAME=name, GPU_SANDBOX_IMAGE=IMAGE)
+    subprocess.run([str(ROOT / "tools/sandbox.sh"), "up", *options], check=True, capture_output=True, env=env)
     return name
 
 
