@@ -169,6 +169,9 @@ def verify_run(tmp_path_factory, hosts: list[str], *extra: str) -> tuple[subproc
         ",".join(hosts),
         "-e",
         f"gpu_verify_report_dir={reports}",
+        # One name for the report folder, also for runs that add an inventory source with -i.
+        "-e",
+        f"gpu_verify_inventory_name={MOLECULE_INVENTORY}",
         *extra,
     )
     path = latest_report(reports, MOLECULE_INVENTORY)
