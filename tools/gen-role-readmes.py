@@ -22,8 +22,10 @@ def _text(value: object) -> str:
     """Ansible doc markup (C(), V(), I()) -> Markdown, lists joined, pipes escaped."""
     if isinstance(value, list):
         value = " ".join(str(v) for v in value)
-    text = re.sub(r"[CV]\(([^)]*)\)", r"`\1`", str(value or ""))
-    text = re.sub(r"I\(([^)]*)\)", r"*\1*", text)
+    # One level of parentheses inside the markup, as in C(not in this run (last seen ...)).
+    inner = r"((?:[^()]|\([^()]*\))*)"
+    text = re.sub(r"[CV]\(" + inner + r"\)", r"`\1`", str(value or ""))
+    text = re.sub(r"I\(" + inner + r"\)", r"*\1*", text)
     return text.replace("|", "\\|").replace("\n", " ").strip()
 
 

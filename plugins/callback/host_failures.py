@@ -8,7 +8,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 name: host_failures
 author: gpu-fleet maintainers (!UNKNOWN)
-version_added: "0.9.0"
+version_added: "0.10.0"
 type: aggregate
 short_description: Keep each host's unreachable or failure message for the fleet report
 description:

@@ -49,6 +49,7 @@ options:
         fixture folder of the same layout.
     type: path
     default: /sys/bus/pci/devices
+    version_added: "0.10.0"
   timeout:
     description:
       - Seconds each command may run before it is stopped and reported in RV(ansible_facts.gpu_facts.errors).
