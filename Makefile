@@ -24,9 +24,11 @@ help:
 	@echo "make unit        pytest tests/unit"
 	@echo "make sanity      ansible-test sanity on the built and installed collection"
 	@echo "make molecule    Molecule scenarios default, preflight, artifacts, faults"
-	@echo "make integration bad inputs, air-gap bundle, HTML report in Chromium"
-	@echo "make bench       timings on fresh sandbox hosts against issue 10's targets (minutes; by hand)"
-	@echo "make ee          the AWX/Automation Platform execution environment image (ansible-builder)"
+	@echo "make integration collection install, bad-input suite, interrupted runs, reports, air-gap, HTML"
+	@echo "make bench       timings on fresh sandbox hosts against the fleet targets (minutes; by hand)"
+	@echo "make ee-context  the execution environment's build context (ansible-builder create)"
+	@echo "make ee          the AWX/Automation Platform execution environment image (needs podman)"
+	@echo "make clean       remove build outputs, reports and Ansible's local state"
 
 deps:
 	tools/install-host-deps.sh
