@@ -168,3 +168,49 @@ def test_each_tag_runs_alone_on_a_provisioned_host(converged, tag, tmp_path):
     assert own <= seen, f"--tags {tag} ran no task of {sorted(own - seen)}"
     if tag not in ("preflight", "gpu_preflight"):
         assert not [t for t in HOST_CHECK_TASKS if t in run.stdout], "the full host check ran outside its tags"
+
+
+BUSY = """
+import json
+path = "/etc/nvidia-standin/gpus.json"
+data = json.load(open(path))
+data["compute_apps"] = [{"pid": 4242, "process_name": "python3", "gpu_uuid": data["gpus"][0]["uuid"],
+                         "used_memory_mib": 1024}]
+json.dump(data, open(path, "w"))
+"""
+
+
+def test_the_driver_is_not_reinstalled_under_running_jobs(converged, tmp_path):
+    """A driver install that lost its completion record is reinstalled, but never under a running
+    job: the host stops before the driver is touched and names the process. Runs last (it leaves
+    the host with a job until it puts things back)."""
+    assert converged["run"].returncode == 0, "the host was not converged"
+    name = converged["name"]
+    record = "/var/lib/gpu_fleet/nvidia_driver.done"
+    version = subprocess.run(
+        ["podman", "exec", name, "cat", record], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    subprocess.run(["podman", "exec", name, "cp", "/etc/nvidia-standin/gpus.json", "/root/gpus.json.saved"], check=True)
+    subprocess.run(["podman", "exec", name, "sh", "-c", f"rm {record} && python3 -c '{BUSY}'"], check=True)
+    inventory = tmp_path / "inventory"
+    inventory.mkdir()
+    (inventory / "hosts.yml").write_text((converged["inventory"] / "hosts.yml").read_text())
+    (inventory / "group_vars").symlink_to(ROOT / "inventories/sandbox/group_vars")
+    try:
+        run = site(inventory, "--tags", "nvidia_driver")
+        assert run.returncode != 0
+        assert "The driver would be (re)installed while GPUs run compute processes: python3 pid 4242." in run.stdout
+        assert "Drain the host (stop those jobs) and rerun" in run.stdout
+        assert "TASK [gpu_fleet.tf_hosts.nvidia_driver : Run NVIDIA's driver installer]" not in run.stdout
+    finally:
+        subprocess.run(
+            [
+                "podman",
+                "exec",
+                name,
+                "sh",
+                "-c",
+                f"mv /root/gpus.json.saved /etc/nvidia-standin/gpus.json && echo {version} > {record}",
+            ],
+            check=True,
+        )
