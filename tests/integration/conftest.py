@@ -40,15 +40,19 @@ def fresh_host(tmp_path):
     """A new sandbox container and an inventory for it that reuses the sandbox's group_vars.
 
     Yields ``(container name, inventory folder)``; the container is removed afterwards."""
-    name = start_container("gpu-badinput")
-    inventory = tmp_path / "inventory"
-    inventory.mkdir()
-    (inventory / "hosts.yml").write_text(
-        f"gpu_hosts:\n  hosts:\n    {name}:\n      ansible_connection: containers.podman.podman\n"
-    )
-    (inventory / "group_vars").symlink_to(ROOT / "inventories/sandbox/group_vars")
-    yield name, inventory
+    name = start_container("gpu-fresh")
+    yield name, sandbox_inventory(tmp_path / "inventory", name)
     stop_container(name)
+
+
+def sandbox_inventory(folder: Path, host: str) -> Path:
+    """An inventory folder with ``host`` (a podman container) in gpu_hosts and the sandbox's group_vars."""
+    folder.mkdir()
+    (folder / "hosts.yml").write_text(
+        f"gpu_hosts:\n  hosts:\n    {host}:\n      ansible_connection: containers.podman.podman\n"
+    )
+    (folder / "group_vars").symlink_to(ROOT / "inventories/sandbox/group_vars")
+    return folder
 
 
 def site(inventory: Path, *extra: str, playbook: str = "site.yml", timeout: int = 900) -> subprocess.CompletedProcess:

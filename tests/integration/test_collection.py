@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 from ansible_run import latest_report
-from conftest import ROOT, STANDINS, site, start_container, stop_container
+from conftest import ROOT, STANDINS, sandbox_inventory, site, start_container, stop_container
 
 FQCN = "gpu_fleet.tf_hosts"
 BIN = Path(sys.executable).parent
@@ -154,10 +154,7 @@ def test_a_users_own_playbook_applies_the_roles_by_fqcn(converged, installed):
 @pytest.mark.parametrize("tag", [*PHASES, *ROLE_TAGS])
 def test_each_tag_runs_alone_on_a_provisioned_host(converged, tag, tmp_path):
     assert converged["run"].returncode == 0, "the host was not converged"
-    inventory = tmp_path / "inventory"
-    inventory.mkdir()
-    (inventory / "hosts.yml").write_text((converged["inventory"] / "hosts.yml").read_text())
-    (inventory / "group_vars").symlink_to(ROOT / "inventories/sandbox/group_vars")
+    inventory = sandbox_inventory(tmp_path / "inventory", converged["name"])
     run = site(inventory, "--tags", tag, "-e", f"gpu_verify_report_dir={tmp_path / 'reports'}")
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
     assert _recap(run.stdout)[converged["name"]][1] == 0, "a tag run changed a converged host"
@@ -192,10 +189,7 @@ def test_the_driver_is_not_reinstalled_under_running_jobs(converged, tmp_path):
     ).stdout.strip()
     subprocess.run(["podman", "exec", name, "cp", "/etc/nvidia-standin/gpus.json", "/root/gpus.json.saved"], check=True)
     subprocess.run(["podman", "exec", name, "sh", "-c", f"rm {record} && python3 -c '{BUSY}'"], check=True)
-    inventory = tmp_path / "inventory"
-    inventory.mkdir()
-    (inventory / "hosts.yml").write_text((converged["inventory"] / "hosts.yml").read_text())
-    (inventory / "group_vars").symlink_to(ROOT / "inventories/sandbox/group_vars")
+    inventory = sandbox_inventory(tmp_path / "inventory", converged["name"])
     try:
         run = site(inventory, "--tags", "nvidia_driver")
         assert run.returncode != 0

@@ -48,7 +48,7 @@ from pathlib import Path
 
 import pytest
 from ansible_run import ANSIBLE_PLAYBOOK, latest_report
-from conftest import ROOT, start_container, stop_container
+from conftest import ROOT
 
 pytestmark = pytest.mark.integration
 
@@ -303,18 +303,10 @@ REPORT_TASK = task("gpu_verify", "Write the fleet report")
 
 
 @pytest.fixture
-def chain_host(tmp_path):
+def chain_host(fresh_host, tmp_path):
     """A fresh sandbox container, an inventory for it and a report folder of its own."""
-    name = start_container("gpu-interrupted")
-    inventory = tmp_path / "inventory"
-    inventory.mkdir()
-    (inventory / "hosts.yml").write_text(
-        f"gpu_hosts:\n  hosts:\n    {name}:\n      ansible_connection: containers.podman.podman\n"
-    )
-    (inventory / "group_vars").symlink_to(ROOT / "inventories/sandbox/group_vars")
-    reports = tmp_path / "reports"
-    yield name, inventory, reports
-    stop_container(name)
+    name, inventory = fresh_host
+    return name, inventory, tmp_path / "reports"
 
 
 def first_pass(host: str, inventory: Path, reports: Path) -> None:
