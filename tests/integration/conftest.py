@@ -49,7 +49,7 @@ def sandbox_inventory(folder: Path, host: str) -> Path:
     """An inventory folder with ``host`` (a podman container) in gpu_hosts and the sandbox's group_vars."""
     folder.mkdir()
     (folder / "hosts.yml").write_text(
-        f"gpu_hosts:\n  hosts:\n    {host}:\n      ansible_connection: containers.podman.podman\n"
+        f"gpu_hosts:\n  hosts:\n    {host}:\n      ansible_connection: gpu_fleet.tf_hosts.podman_pipelined\n"
     )
     (folder / "group_vars").symlink_to(ROOT / "inventories/sandbox/group_vars")
     return folder

@@ -105,7 +105,7 @@ def converged(installed):
     inventory = work / "inventory"
     (inventory / "group_vars").mkdir(parents=True)
     (inventory / "hosts.yml").write_text(
-        f"gpu_hosts:\n  hosts:\n    {name}:\n      ansible_connection: containers.podman.podman\n"
+        f"gpu_hosts:\n  hosts:\n    {name}:\n      ansible_connection: gpu_fleet.tf_hosts.podman_pipelined\n"
     )
     group_vars = yaml.safe_load((ROOT / "inventories/sandbox/group_vars/gpu_hosts.yml").read_text())
     group_vars.update(

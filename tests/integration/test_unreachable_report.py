@@ -1,5 +1,5 @@
-"""A host whose container does not exist is in the fleet report with Ansible's own message and the
-container fix (the callback plugin gpu_fleet.tf_hosts.host_failures, enabled in ansible.cfg)."""
+"""A host whose container does not exist is in the fleet report with the connection's own message
+(gpu_fleet.tf_hosts.podman_pipelined quotes podman's) and the container fix (the callback plugin gpu_fleet.tf_hosts.host_failures, enabled in ansible.cfg)."""
 
 from __future__ import annotations
 
@@ -15,18 +15,19 @@ def test_missing_container_is_reported_with_ansibles_message(fresh_host, tmp_pat
     gone = f"gpu-gone-{uuid.uuid4().hex[:8]}"  # never started
     (inventory / "hosts.yml").write_text(
         "gpu_hosts:\n  hosts:\n"
-        f"    {name}:\n      ansible_connection: containers.podman.podman\n"
-        f"    {gone}:\n      ansible_connection: containers.podman.podman\n"
+        f"    {name}:\n      ansible_connection: gpu_fleet.tf_hosts.podman_pipelined\n"
+        f"    {gone}:\n      ansible_connection: gpu_fleet.tf_hosts.podman_pipelined\n"
     )
     reports = tmp_path / "reports"
     out = site(inventory, "--tags", "verify", "-e", f"gpu_verify_report_dir={reports}")
     assert out.returncode != 0
     report = json.loads(latest_report(reports, "inventory").read_text())
     (problem,) = report["hosts"][gone]["problems"]
-    assert problem["cause"].startswith("Host unreachable: Failed to create temporary directory.")
-    assert "Failed command was" not in problem["cause"]
+    cause = f"Host unreachable: podman could not run a command in container {gone}: Error: no container"
+    assert problem["cause"].startswith(cause), problem
+    assert "no such container" in problem["cause"]
     assert f"`podman ps -a --filter name={gone}`" in problem["fix"]
     markdown = latest_report(reports, "inventory", "fleet-report.md").read_text()
-    assert "Host unreachable: Failed to create temporary directory." in markdown
+    assert cause in markdown
     junit = latest_report(reports, "inventory", "fleet-report.junit.xml").read_text()
-    assert 'message="Host unreachable: Failed to create temporary directory.' in junit
+    assert f'message="{cause}' in junit

@@ -126,18 +126,19 @@ def _num(value: Any, digits: int) -> str:
 
 
 # What to check when Ansible could not reach a host, by its ``ansible_connection``.
+CONTAINER_FIX = (
+    "check the container is running (`{tool} ps -a --filter name={{host}}`; "
+    "`{tool} start {{host}}` if it stopped), then rerun"
+)
 UNREACHABLE_FIXES = {
     "ssh": "check SSH reachability and keys (`ssh {host}` as the inventory's ansible_user, then "
     "`ansible -m ping {host}`) and that the host is up, then rerun",
     "paramiko": "check SSH reachability and keys (`ansible -m ping {host}`) and that the host is up, then rerun",
-    "containers.podman.podman": "check the container is running (`podman ps -a --filter name={host}`; "
-    "`podman start {host}` if it stopped), then rerun",
-    "podman": "check the container is running (`podman ps -a --filter name={host}`; "
-    "`podman start {host}` if it stopped), then rerun",
-    "community.docker.docker": "check the container is running (`docker ps -a --filter name={host}`; "
-    "`docker start {host}` if it stopped), then rerun",
-    "docker": "check the container is running (`docker ps -a --filter name={host}`; "
-    "`docker start {host}` if it stopped), then rerun",
+    **dict.fromkeys(
+        ("containers.podman.podman", "podman", "gpu_fleet.tf_hosts.podman_pipelined"),
+        CONTAINER_FIX.format(tool="podman"),
+    ),
+    **dict.fromkeys(("community.docker.docker", "docker"), CONTAINER_FIX.format(tool="docker")),
     "local": "the host is the controller itself (connection local): fix the first task that failed on it, then rerun",
 }
 UNREACHABLE_FIX_OTHER = (
