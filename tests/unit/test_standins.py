@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import gzip
 import hashlib
 import json
 import os
@@ -395,6 +396,264 @@ def test_library_sonames(standins_dir: Path, name: str, soname: str) -> None:
     assert f"Library soname: [{soname}]" in out
 
 
+# -- driver packages (apt) -------------------------------------------------------
+
+DEB_VERSIONS = ["520.61.05", "535.104.05"]
+DEB_NAMES = [
+    "libcuda1",
+    "libnvidia-ml1",
+    "nvidia-smi",
+    "nvidia-driver-cuda",
+    "nvidia-kernel-dkms",
+    "nvidia-kernel-open-dkms",
+]
+LIBDIR = "./usr/lib/x86_64-linux-gnu"
+needs_dpkg_deb = pytest.mark.skipif(not shutil.which("dpkg-deb"), reason="no dpkg-deb")
+
+
+def deb_path(apt: Path, name: str, driver: str) -> Path:
+    """The .deb of package name at driver's version; fabricmanager means nvidia-fabricmanager-<branch>."""
+    if name == "fabricmanager":
+        name = f"nvidia-fabricmanager-{driver.split('.')[0]}"
+    return apt / f"{name}_{driver}-1_amd64.deb"
+
+
+def paragraphs(text: str) -> list[dict[str, str]]:
+    """Debian control paragraphs (continuation lines joined with newlines)."""
+    found = []
+    for block in text.strip("\n").split("\n\n"):
+        fields: dict[str, str] = {}
+        key = ""
+        for line in block.splitlines():
+            if line.startswith(" "):
+                fields[key] += "\n" + line
+            else:
+                key, value = line.split(":", 1)
+                fields[key] = value.strip()
+        found.append(fields)
+    return found
+
+
+def deb_fields(deb: Path) -> dict[str, str]:
+    """The control fields of a .deb, as dpkg-deb reads them."""
+    text = subprocess.run(["dpkg-deb", "--field", str(deb)], capture_output=True, text=True, check=True).stdout
+    return paragraphs(text)[0]
+
+
+def deb_contents(deb: Path) -> dict[str, str]:
+    """path -> 'mode owner [-> target]' of every entry of a .deb's data archive (dpkg-deb --contents)."""
+    out = subprocess.run(["dpkg-deb", "--contents", str(deb)], capture_output=True, text=True, check=True).stdout
+    entries = {}
+    for line in out.splitlines():
+        mode, owner, _size, date, _time, rest = line.split(None, 5)
+        path, _, target = rest.partition(" -> ")
+        assert date == "1970-01-01", line
+        entries[path] = f"{mode} {owner}" + (f" -> {target}" if target else "")
+    return entries
+
+
+def files_of(deb: Path) -> dict[str, str]:
+    """deb_contents without the directories."""
+    return {path: entry for path, entry in deb_contents(deb).items() if not entry.startswith("d")}
+
+
+def extract(deb: Path, dest: Path) -> Path:
+    """Unpack a .deb's files into dest (dpkg-deb -x) and return dest."""
+    subprocess.run(["dpkg-deb", "-x", str(deb), str(dest)], check=True)
+    return dest
+
+
+@pytest.fixture(scope="session")
+def apt_dir(standins_dir: Path) -> Path:
+    """The flat apt repository the builder writes by default (both driver versions)."""
+    path = standins_dir / "apt"
+    if not (path / "Packages").exists():
+        pytest.skip(f"{path} holds no packages (built with --debs none?)")
+    return path
+
+
+@needs_dpkg_deb
+def test_apt_folder_holds_each_package_at_both_versions(apt_dir: Path) -> None:
+    expected = {deb_path(apt_dir, name, v).name for v in DEB_VERSIONS for name in [*DEB_NAMES, "fabricmanager"]}
+    assert expected | {"Packages", "Packages.gz", "Release"} == {p.name for p in apt_dir.iterdir()}
+
+
+@needs_dpkg_deb
+@pytest.mark.parametrize("driver", DEB_VERSIONS)
+@pytest.mark.parametrize("name", [*DEB_NAMES, "fabricmanager"])
+def test_driver_package_control_fields(apt_dir: Path, name: str, driver: str) -> None:
+    fields = deb_fields(deb_path(apt_dir, name, driver))
+    package = f"nvidia-fabricmanager-{driver.split('.')[0]}" if name == "fabricmanager" else name
+    assert (fields["Package"], fields["Version"], fields["Architecture"]) == (package, f"{driver}-1", "amd64")
+    assert "test stand-in" in fields["Maintainer"] and "not NVIDIA" in fields["Maintainer"]
+    assert fields["Description"].splitlines()[0].endswith("(test stand-in)")
+    assert "contains no NVIDIA code" in fields["Description"]
+
+
+@needs_dpkg_deb
+@pytest.mark.parametrize("driver", DEB_VERSIONS)
+def test_driver_packages_depend_on_their_exact_version(apt_dir: Path, driver: str) -> None:
+    version = f"{driver}-1"
+    meta = deb_fields(deb_path(apt_dir, "nvidia-driver-cuda", driver))
+    assert meta["Depends"] == f"libcuda1 (= {version}), libnvidia-ml1 (= {version}), nvidia-smi (= {version})"
+    assert deb_fields(deb_path(apt_dir, "nvidia-smi", driver))["Depends"] == f"libnvidia-ml1 (= {version}), python3"
+    closed = deb_fields(deb_path(apt_dir, "nvidia-kernel-dkms", driver))
+    opened = deb_fields(deb_path(apt_dir, "nvidia-kernel-open-dkms", driver))
+    assert (closed["Depends"], closed["Conflicts"]) == ("dkms", "nvidia-kernel-open-dkms")
+    assert (opened["Depends"], opened["Conflicts"]) == ("dkms", "nvidia-kernel-dkms")
+    other = "520" if driver.startswith("535") else "535"
+    fabric = deb_fields(deb_path(apt_dir, "fabricmanager", driver))
+    assert fabric["Conflicts"] == fabric["Replaces"] == f"nvidia-fabricmanager-{other}"
+
+
+@needs_dpkg_deb
+@pytest.mark.parametrize("driver", DEB_VERSIONS)
+def test_driver_package_file_lists(apt_dir: Path, driver: str) -> None:
+    lib = "-rw-r--r-- root/root"
+    link = "lrwxrwxrwx root/root"
+    assert files_of(deb_path(apt_dir, "libcuda1", driver)) == {
+        f"{LIBDIR}/libcuda.so.{driver}": lib,
+        f"{LIBDIR}/libcuda.so.1": f"{link} -> libcuda.so.{driver}",
+    }
+    assert files_of(deb_path(apt_dir, "libnvidia-ml1", driver)) == {
+        f"{LIBDIR}/libnvidia-ml.so.{driver}": lib,
+        f"{LIBDIR}/libnvidia-ml.so.1": f"{link} -> libnvidia-ml.so.{driver}",
+    }
+    assert files_of(deb_path(apt_dir, "nvidia-smi", driver)) == {
+        "./usr/bin/nvidia-smi": "-rwxr-xr-x root/root",
+        "./usr/share/nvidia-standin/gpus.json": lib,
+    }
+    assert files_of(deb_path(apt_dir, "nvidia-driver-cuda", driver)) == {}
+    for name in ("nvidia-kernel-dkms", "nvidia-kernel-open-dkms"):
+        assert list(files_of(deb_path(apt_dir, name, driver))) == [f"./usr/share/doc/{name}/STANDIN-NO-KERNEL-MODULE"]
+    assert files_of(deb_path(apt_dir, "fabricmanager", driver)) == {
+        "./lib/systemd/system/nvidia-fabricmanager.service": lib,
+        "./usr/bin/nv-fabricmanager": "-rwxr-xr-x root/root",
+        "./usr/share/nvidia/nvswitch/fabricmanager.cfg": lib,
+    }
+
+
+@needs_dpkg_deb
+@pytest.mark.parametrize("driver", DEB_VERSIONS)
+def test_packages_of_one_version_share_no_file_and_ship_no_uninstaller(apt_dir: Path, driver: str) -> None:
+    seen: dict[str, str] = {}
+    for name in [*DEB_NAMES, "fabricmanager"]:
+        for path in files_of(deb_path(apt_dir, name, driver)):
+            assert path not in seen, f"{path} is in {seen.get(path)} and {name}"
+            seen[path] = name
+    assert not {"./usr/bin/nvidia-uninstall", "./usr/bin/nvidia-installer"} & set(seen)
+
+
+@needs_dpkg_deb
+def test_library_packages_run_the_ldconfig_trigger_and_nvidia_smi_its_postinst(apt_dir: Path) -> None:
+    def control_member(name: str, member: str) -> str:
+        deb = deb_path(apt_dir, name, "520.61.05")
+        return subprocess.run(["dpkg-deb", "--info", str(deb), member], capture_output=True, text=True).stdout
+
+    assert control_member("libcuda1", "triggers") == "activate-noawait ldconfig\n"
+    assert control_member("libnvidia-ml1", "triggers") == "activate-noawait ldconfig\n"
+    postinst = control_member("nvidia-smi", "postinst")
+    assert "[ ! -e /etc/nvidia-standin/gpus.json ]" in postinst
+    assert control_member("nvidia-driver-cuda", "postinst") == ""
+
+
+@needs_dpkg_deb
+def test_packaged_libraries_are_the_runfile_libraries(standins_dir: Path, apt_dir: Path, tmp_path: Path) -> None:
+    old = extract(deb_path(apt_dir, "libcuda1", "520.61.05"), tmp_path / "520")
+    shipped = old / LIBDIR / "libcuda.so.520.61.05"
+    assert shipped.read_bytes() == (standins_dir / "libs/driver-520.61.05/libcuda.so.520.61.05").read_bytes()
+    new = extract(deb_path(apt_dir, "libcuda1", "535.104.05"), tmp_path / "535")
+    extract(deb_path(apt_dir, "libnvidia-ml1", "535.104.05"), new)
+    value = ctypes.c_int(-1)
+    cuda = ctypes.CDLL(str(new / LIBDIR / "libcuda.so.1"))
+    assert cuda.cuDriverGetVersion(ctypes.byref(value)) == 0 and value.value == 12020
+    buffer = ctypes.create_string_buffer(80)
+    nvml = ctypes.CDLL(str(new / LIBDIR / "libnvidia-ml.so.1"))
+    assert nvml.nvmlSystemGetDriverVersion(buffer, 80) == 0 and buffer.value == b"535.104.05"
+
+
+@needs_dpkg_deb
+@pytest.mark.parametrize("driver", DEB_VERSIONS)
+def test_packaged_tools_report_their_driver_version(apt_dir: Path, tmp_path: Path, driver: str) -> None:
+    root = extract(deb_path(apt_dir, "nvidia-smi", driver), tmp_path)
+    extract(deb_path(apt_dir, "fabricmanager", driver), root)
+    smi = subprocess.run([str(root / "usr/bin/nvidia-smi"), "--version"], capture_output=True, text=True)
+    assert f"DRIVER version      : {driver}" in smi.stdout.splitlines()
+    fabric = root / "usr/bin/nv-fabricmanager"
+    version = subprocess.run([str(fabric), "--version"], capture_output=True, text=True)
+    assert (version.returncode, version.stdout) == (0, f"Fabric Manager version is : {driver}\n")
+    config = str(root / "usr/share/nvidia/nvswitch/fabricmanager.cfg")
+    start = subprocess.run([str(fabric), "-c", config], capture_output=True, text=True)
+    assert start.returncode == 1 and "no NVSwitch" in start.stderr
+    unknown = subprocess.run([str(fabric), "--frobnicate"], capture_output=True, text=True)
+    assert unknown.returncode == 1 and "unrecognized option: --frobnicate" in unknown.stderr
+
+
+@needs_dpkg_deb
+def test_apt_index_matches_the_packages(apt_dir: Path) -> None:
+    index = paragraphs((apt_dir / "Packages").read_text())
+    assert len(index) == 2 * (len(DEB_NAMES) + 1)
+    for entry in index:
+        deb = apt_dir / entry["Filename"]
+        data = deb.read_bytes()
+        assert entry["Filename"] == f"./{entry['Package']}_{entry['Version']}_amd64.deb"
+        assert int(entry["Size"]) == len(data)
+        assert entry["MD5sum"] == hashlib.md5(data).hexdigest()
+        assert entry["SHA256"] == hashlib.sha256(data).hexdigest()
+        control = {k: v for k, v in entry.items() if k not in ("Filename", "Size", "MD5sum", "SHA256")}
+        assert control == deb_fields(deb)
+    assert gzip.decompress((apt_dir / "Packages.gz").read_bytes()) == (apt_dir / "Packages").read_bytes()
+
+
+def test_apt_release_lists_the_indices(apt_dir: Path) -> None:
+    release = paragraphs((apt_dir / "Release").read_text())[0]
+    assert release["Date"] == "Thu, 01 Jan 1970 00:00:00 UTC"
+    assert release["Architectures"] == "amd64"
+    for field, algorithm in (("MD5Sum", "md5"), ("SHA256", "sha256")):
+        listed = {line.split()[2]: line.split()[:2] for line in release[field].splitlines()[1:]}
+        assert set(listed) == {"Packages", "Packages.gz"}
+        for name, (digest, size) in listed.items():
+            data = (apt_dir / name).read_bytes()
+            assert (digest, int(size)) == (hashlib.new(algorithm, data).hexdigest(), len(data))
+
+
+def tree_digests(folder: Path) -> dict[str, str]:
+    """name -> sha256 of every file in folder."""
+    return {path.name: hashlib.sha256(path.read_bytes()).hexdigest() for path in sorted(folder.iterdir())}
+
+
+@needs_dpkg_deb
+def test_apt_repository_rebuilds_byte_for_byte(apt_dir: Path, tmp_path: Path) -> None:
+    if os.environ.get("NVIDIA_STANDINS_DIR"):
+        pytest.skip("prebuilt stand-ins in use")
+    out = tmp_path / "elsewhere"
+    proc = subprocess.run(
+        [sys.executable, str(BUILDER), "--out", str(out), "--debs", ",".join(DEB_VERSIONS)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert tree_digests(out / "apt") == tree_digests(apt_dir)
+
+
+@needs_dpkg_deb
+def test_builder_debs_option(tmp_path: Path) -> None:
+    def build(out: str, debs: str) -> subprocess.CompletedProcess[str]:
+        cmd = [sys.executable, str(BUILDER), "--out", str(tmp_path / out), "--debs", debs]
+        return subprocess.run(cmd, capture_output=True, text=True, check=False)
+
+    assert build("none", "none").returncode == 0
+    assert not (tmp_path / "none" / "apt").exists()
+    assert build("one", "535.104.05").returncode == 0
+    names = {p.name for p in (tmp_path / "one" / "apt").glob("*.deb")}
+    assert names == {f"{name}_535.104.05-1_amd64.deb" for name in [*DEB_NAMES, "nvidia-fabricmanager-535"]}
+    fabric = deb_fields(tmp_path / "one" / "apt" / "nvidia-fabricmanager-535_535.104.05-1_amd64.deb")
+    assert "Conflicts" not in fabric  # no other branch built
+    bad = build("bad", "5x,535.104.05")
+    assert bad.returncode == 2 and "expected driver versions" in bad.stderr
+
+
 # -- nvidia-smi ------------------------------------------------------------------
 
 
@@ -526,7 +785,8 @@ def test_builder_skips_up_to_date_outputs(standins_dir: Path, tmp_path: Path) ->
         check=False,
     )
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.count("up to date") == 3
+    assert proc.stdout.count("up to date") == 4
+    assert "up to date  apt/Packages" in proc.stdout
     assert (standins_dir / "artifacts.yml").read_text() == before
 
 
