@@ -1,15 +1,39 @@
-"""Filter ``gpu_driver_module_version``: the version of the loaded NVIDIA kernel module.
+"""Driver filters: the loaded module's version, and the decisions of nvidia_driver's package method.
 
-Reads the text of ``/proc/driver/nvidia/version`` (the check in the NVIDIA CUDA Installation Guide
-for Linux, section "Verify the Driver Version") with the collection's shared parser, so the role
-compares whole versions instead of looking for a substring. Documented in gpu_driver_module_version.yml.
+- ``gpu_driver_module_version`` reads the text of ``/proc/driver/nvidia/version`` (the check in the
+  NVIDIA CUDA Installation Guide for Linux, section "Verify the Driver Version") with the collection's
+  shared parser, so the role compares whole versions instead of looking for a substring.
+- ``gpu_driver_os_key`` names the package set a host takes, ``gpu_driver_packages`` turns a set of
+  nvidia_driver's ``vars/packages.yml`` into exact-version package specs and the names to hold,
+  ``gpu_driver_missing_packages`` compares them with ``package_facts``, and ``gpu_driver_method``
+  decides between NVIDIA's packages and its runfile. The package names come from the NVIDIA Driver
+  Installation Guide, https://docs.nvidia.com/datacenter/tesla/driver-installation-guide/
+  ("Compute-only (Headless) and Desktop-only (no Compute) Installation" per distribution).
+
+Each filter is documented in ``<filter name>.yml`` beside this file.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
+from ansible.errors import AnsibleFilterError
+from ansible.module_utils.parsing.convert_bool import boolean
 from ansible_collections.gpu_fleet.tf_hosts.plugins.module_utils.gpu_parsers import parse_proc_driver_version
+
+# A driver release as NVIDIA writes it (520.61.05, 515.76); the first part is the branch.
+DRIVER_VERSION = re.compile(r"^(\d+)\.\d+(?:\.\d+)?$")
+# Distributions served by another's package set: NVIDIA's rhel9 repository also serves Rocky Linux 9
+# and AlmaLinux 9 (NVIDIA Driver Installation Guide, "Red Hat Enterprise Linux compatible distributions").
+OS_ALIASES = {"Rocky": "RedHat", "AlmaLinux": "RedHat"}
+# The OS keys nvidia_driver's vars/packages.yml has a set for (a unit test keeps the two the same).
+OS_KEYS = ("Debian-12", "Ubuntu-22", "Ubuntu-24", "RedHat-9")
+# What a package set must define, and how each package manager writes "this name at this version".
+SET_FIELDS = ("manager", "version", "userspace", "kernel", "fabricmanager", "fabricmanager_service", "hold")
+VERSION_SPEC = {"apt": "{name}={version}", "dnf": "{name}-{version}"}
+METHODS = ("package", "runfile")
+DONE_RECORD = "/var/lib/gpu_fleet/nvidia_driver.done"
 
 
 def gpu_driver_module_version(text: str | None) -> str | None:
@@ -18,8 +42,197 @@ def gpu_driver_module_version(text: str | None) -> str | None:
     return parse_proc_driver_version(text)
 
 
+def gpu_driver_os_key(facts: dict[str, Any] | None) -> str | None:
+    """``{{ ansible_facts | gpu_fleet.tf_hosts.gpu_driver_os_key }}``: ``<distribution>-<major>``
+    (``Debian-12``, ``Ubuntu-22``, ``RedHat-9``; Rocky and AlmaLinux take RedHat's), or None when no
+    package set serves the host."""
+    facts = facts or {}
+    distribution = str(facts.get("distribution") or "")
+    key = f"{OS_ALIASES.get(distribution, distribution)}-{facts.get('distribution_major_version')}"
+    return key if key in OS_KEYS else None
+
+
+def _flag(value: Any, name: str) -> bool:
+    """A boolean argument (true/false, yes/no, a bool); anything else is an error that names it."""
+    try:
+        return boolean(value, strict=True)
+    except TypeError:
+        raise AnsibleFilterError(f"{name} is {value!r}, not a boolean; pass true or false.") from None
+
+
+def _package_set(sets: dict | None, os_key: str | None) -> dict:
+    """The set of ``os_key``, checked for the fields the filter reads."""
+    sets = sets or {}
+    if os_key not in sets:
+        known = ", ".join(sorted(sets)) or "none"
+        raise AnsibleFilterError(
+            f"No driver package set for OS key {os_key!r} (sets: {known}), so the driver cannot be installed from "
+            "packages on this host; install it from NVIDIA's runfile (nvidia_driver_method: runfile), or add a set "
+            "for this OS to nvidia_driver's vars/packages.yml."
+        )
+    package_set = sets[os_key]
+    missing = [field for field in SET_FIELDS if field not in package_set]
+    if missing or package_set["manager"] not in VERSION_SPEC:
+        raise AnsibleFilterError(
+            f"The driver package set {os_key} lacks {', '.join(missing) or 'a known manager'} (manager must be apt "
+            "or dnf); complete it in nvidia_driver's vars/packages.yml."
+        )
+    return package_set
+
+
+def _branch(version: Any, os_key: str, package_set: dict) -> str:
+    """The branch (major part) of ``version``, checked against the set's ``max_branch``."""
+    match = DRIVER_VERSION.match(str(version if version is not None else ""))
+    if not match:
+        raise AnsibleFilterError(
+            f"Driver version {version!r} is not a release as NVIDIA writes it (X.Y or X.Y.Z, such as 520.61.05), so "
+            "no package version can be formed from it; set nvidia_driver_version to such a release."
+        )
+    branch = match.group(1)
+    newest = package_set.get("max_branch")
+    if newest is not None and int(branch) > int(newest):
+        raise AnsibleFilterError(
+            f"Driver {version} is of branch {branch}, but the {os_key} package names in nvidia_driver's "
+            f"vars/packages.yml hold only up to branch {newest}; pin a driver of branch {newest} or older, or install "
+            "this one from NVIDIA's runfile (nvidia_driver_method: runfile)."
+        )
+    return branch
+
+
+def _wanted(package_set: dict, kind: str, version: str, kernel: bool, fabricmanager: bool) -> list[tuple[str, str]]:
+    """(name template, package version) of every package to install, in install order."""
+    driver = package_set["version"].format(version=version)
+    fabric = package_set.get("fabricmanager_version", package_set["version"]).format(version=version)
+    groups = [(package_set["userspace"], driver)]
+    if kernel:
+        groups.append((package_set["kernel"][kind], driver))
+    if fabricmanager:
+        groups.append((package_set["fabricmanager"], fabric))
+    return [(name, package_version) for names, package_version in groups for name in names]
+
+
+def gpu_driver_packages(
+    sets: dict,
+    os_key: str | None,
+    version: str,
+    kernel_modules: Any,
+    kernel_open: Any = False,
+    fabricmanager: Any = False,
+) -> dict[str, Any]:
+    """``{{ __sets | gpu_fleet.tf_hosts.gpu_driver_packages(os_key, version, kernel_modules, kernel_open,
+    fabricmanager) }}``: what the package method installs and holds on one host.
+
+    Returns ``{os_key, manager, branch, install, names, versions, hold, hold_method, hold_requires,
+    kernel_modules, module_stream, fabricmanager_service, unattended_upgrades_blacklist, repository}``:
+    ``install`` the exact-version specs (apt ``name=VER``, dnf ``name-VER``), ``names`` the same
+    packages by name, ``versions`` name to package version, ``kernel_modules`` ``open``/``proprietary``
+    or None (a container: no kernel packages), ``fabricmanager_service`` None unless ``fabricmanager``.
+
+    Raises:
+        AnsibleFilterError: an OS key without a set, an incomplete set, a version that is no driver
+            release or a branch newer than the set's names; each with its cause and fix.
+    """
+    package_set = _package_set(sets, os_key)
+    branch = _branch(version, str(os_key), package_set)
+    kind = "open" if _flag(kernel_open, "kernel_open") else "proprietary"
+    kernel = _flag(kernel_modules, "kernel_modules")
+    with_fabric = _flag(fabricmanager, "fabricmanager")
+    wanted = [(name.format(branch=branch), v) for name, v in _wanted(package_set, kind, version, kernel, with_fabric)]
+    spec = VERSION_SPEC[package_set["manager"]]
+    names = [name for name, _version in wanted]
+    stream = (package_set.get("module_stream") or {}).get(kind)
+    return {
+        "os_key": os_key,
+        "manager": package_set["manager"],
+        "branch": branch,
+        "install": [spec.format(name=name, version=package_version) for name, package_version in wanted],
+        "names": names,
+        "versions": dict(wanted),
+        "hold": list(names),
+        "hold_method": package_set["hold"],
+        "hold_requires": list(package_set.get("hold_requires") or []),
+        "kernel_modules": kind if kernel else None,
+        "module_stream": stream.format(branch=branch) if stream else None,
+        "fabricmanager_service": package_set["fabricmanager_service"] if with_fabric else None,
+        "unattended_upgrades_blacklist": list(package_set.get("unattended_upgrades_blacklist") or []),
+        "repository": dict(package_set.get("repository") or {}),
+    }
+
+
+def _installed_at(entries: list[dict], manager: str, version: str) -> bool:
+    """Whether one of a package's ``package_facts`` entries is ``version``: apt's carries the whole
+    Debian version (with an epoch, ``1:``, when there is one); rpm's the upstream version apart from
+    its release and epoch."""
+    for entry in entries or []:
+        found = str(entry.get("version") or "")
+        if found == version or (manager == "apt" and found.split(":", 1)[-1] == version):
+            return True
+    return False
+
+
+def gpu_driver_missing_packages(packages: dict[str, Any], installed: dict[str, list] | None) -> list[str]:
+    """``{{ driver_packages | gpu_fleet.tf_hosts.gpu_driver_missing_packages(ansible_facts['packages']) }}``:
+    the ``install`` specs of the packages that are not installed at their version (absent, or at
+    another version), in install order; empty when the host has them all."""
+    installed = installed or {}
+    versions = packages.get("versions") or {}
+    return [
+        spec
+        for name, spec in zip(packages.get("names") or [], packages.get("install") or [])
+        if not _installed_at(installed.get(name) or [], packages.get("manager", ""), versions.get(name, ""))
+    ]
+
+
+def _recorded(record_text: str | None) -> tuple[str | None, str | None]:
+    """(version, method) of the completion record; a record of 0.10.0 holds only the version and
+    means the runfile. (None, None) without a record."""
+    lines = [line.strip() for line in str(record_text or "").splitlines()]
+    if not lines or not lines[0]:
+        return None, None
+    method = lines[1] if len(lines) > 1 and lines[1] else "runfile"
+    if method not in METHODS:
+        raise AnsibleFilterError(
+            f"The driver's completion record {DONE_RECORD} names the install method {method!r} on its second line, "
+            "neither package nor runfile; remove the record and rerun (the driver is then installed again)."
+        )
+    return lines[0], method
+
+
+def gpu_driver_method(requested: Any, record_text: str | None, runfile_present: Any) -> dict[str, Any]:
+    """``{{ nvidia_driver_method | gpu_fleet.tf_hosts.gpu_driver_method(record_text, runfile_present) }}``.
+
+    The host's method now: ``runfile`` when NVIDIA's uninstaller (``/usr/bin/nvidia-uninstall``) is
+    there, since the runfile's files are then on the host whatever the record says; else the method
+    of the completion record; else none. ``auto`` keeps it, or takes ``package`` on a host without a
+    driver; ``package`` and ``runfile`` are taken as asked, with ``switch_from`` naming the method
+    to remove first when the host has the other one.
+
+    Returns ``{method, switch_from, current, recorded_version}``.
+    """
+    request = str(requested).strip().lower()
+    if request not in ("auto", *METHODS):
+        raise AnsibleFilterError(
+            f"nvidia_driver_method is {requested!r}; set it to auto (keep the method the host has), package or runfile."
+        )
+    version, recorded = _recorded(record_text)
+    current = "runfile" if _flag(runfile_present, "runfile_present") else recorded
+    method = (current or "package") if request == "auto" else request
+    return {
+        "method": method,
+        "switch_from": current if current not in (None, method) else None,
+        "current": current,
+        "recorded_version": version,
+    }
+
+
 class FilterModule:
-    """Driver version filters."""
+    """Driver version and package-method filters."""
 
     def filters(self) -> dict[str, Any]:
-        return {"gpu_driver_module_version": gpu_driver_module_version}
+        return {
+            "gpu_driver_module_version": gpu_driver_module_version,
+            "gpu_driver_os_key": gpu_driver_os_key,
+            "gpu_driver_packages": gpu_driver_packages,
+            "gpu_driver_missing_packages": gpu_driver_missing_packages,
+            "gpu_driver_method": gpu_driver_method,
+        }

@@ -18,6 +18,16 @@ Sources (public):
   NVIDIA Driver", section "Signing the NVIDIA Kernel Module" (shipped per driver release, e.g.
   https://download.nvidia.com/XFree86/Linux-x86_64/470.239.06/README/installdriver.html), and the
   Linux kernel's "Kernel module signing facility", https://docs.kernel.org/admin-guide/module-signing.html.
+  Signing needs the private key and its X.509 certificate, the certificate enrolled as a Machine
+  Owner Key (mokutil(1), ``--import``); DKMS keeps a pair of its own (``/var/lib/dkms/mok.pub``).
+- A kernel upgrade that waits for a reboot: the package manager installs the new kernel's headers,
+  not the running kernel's, and the running kernel's may no longer be offered; once the host runs
+  the new kernel, its headers are there (NVIDIA Driver Installation Guide, "Pre-installation
+  Actions", "Verify the System has the Correct Kernel Packages Installed",
+  https://docs.nvidia.com/datacenter/tesla/driver-installation-guide/).
+- A run cannot reboot the machine it runs on: ansible.builtin.reboot refuses a local connection
+  ("Running reboot with local connection would reboot the control node",
+  https://docs.ansible.com/ansible/latest/collections/ansible/builtin/reboot_module.html).
 - The GPU count check counts PCI functions as well as nvidia-smi's list, so a missing GPU is found
   before any driver exists: the Linux kernel documentation "Accessing PCI device resources through
   sysfs" (https://docs.kernel.org/PCI/sysfs-pci.html) and lspci(8)
@@ -44,6 +54,7 @@ HOST_CHECKS = (
     "nouveau",
     "secure_boot",
     "kernel_headers",
+    "reboot_local",
     "gpus_busy",
     "installer_running",
     "gpu_count",
@@ -88,7 +99,8 @@ def _mib(value: float) -> str:
 
 
 # What each check reports: (cause, fix) templates, filled with str.format from the fields a check
-# function returns for each finding. "skip_checks" reports settings that name an unknown check.
+# function returns for each finding. "<check>/<variant>" is the message of a finding whose fields
+# name that variant. "skip_checks" reports settings that name an unknown check.
 MESSAGES: dict[str, tuple[str, str]] = {
     "root": (
         "Tasks run as {user} (uid {uid}), not root; the driver, the toolkits and the venvs need root.",
@@ -116,12 +128,33 @@ MESSAGES: dict[str, tuple[str, str]] = {
         "Let the run blacklist it (nvidia_driver_blacklist_nouveau: true) and reboot, then rerun.",
     ),
     "secure_boot": (
-        "Secure Boot is on and no module signing key is configured; the kernel will refuse the unsigned NVIDIA module.",
-        "Enrol a Machine Owner Key and configure it for DKMS signing, or turn Secure Boot off.",
+        "Secure Boot is on and no module signing key is configured (no nvidia_driver_module_signing_key and "
+        "nvidia_driver_module_signing_certificate, no DKMS key /var/lib/dkms/mok.pub); the kernel will refuse the "
+        "unsigned NVIDIA module.",
+        "Set nvidia_driver_module_signing_key and nvidia_driver_module_signing_certificate to the private key and "
+        "certificate of a Machine Owner Key enrolled on the host (mokutil --import), or turn Secure Boot off.",
+    ),
+    "secure_boot/pair": (
+        "Secure Boot is on and the module signing pair is incomplete: {missing}; without both the NVIDIA module "
+        "stays unsigned and the kernel refuses it.",
+        "Set both nvidia_driver_module_signing_key and nvidia_driver_module_signing_certificate to files on the "
+        "controller (the private key and certificate of a Machine Owner Key enrolled on the host with mokutil "
+        "--import), or turn Secure Boot off.",
     ),
     "kernel_headers": (
         "No kernel headers for the running kernel {kernel} (/lib/modules/<kernel>/build), and none can be installed.",
         "Install {package} or boot a kernel whose headers are available.",
+    ),
+    "kernel_headers/pending_reboot": (
+        "No kernel headers for the running kernel {kernel}, and none can be installed: a kernel upgrade is pending, "
+        "{newer} is installed but the host still runs {kernel}.",
+        "Reboot into the new kernel {newer} first, then rerun.",
+    ),
+    "reboot_local": (
+        "nvidia_driver_reboot_allowed is true, but this host is managed over a local connection "
+        "(ansible_connection: {connection}); a run cannot reboot the machine it runs on.",
+        "Run the play from another controller, or set nvidia_driver_reboot_allowed: false and reboot by hand when "
+        "the run asks for it.",
     ),
     "installer_running": (
         "An install from an earlier run is still running on the host: {running}.",
@@ -157,8 +190,10 @@ MESSAGES: dict[str, tuple[str, str]] = {
 
 
 def _finding(check: str, fields: dict[str, Any]) -> dict[str, str]:
-    """The record of one problem or warning, ``{check, cause, fix}``, from the MESSAGES of ``check``."""
-    cause, fix = MESSAGES[check]
+    """The record of one problem or warning, ``{check, cause, fix}``, from the MESSAGES of ``check``,
+    or of ``check/<variant>`` when the fields name a ``variant``."""
+    variant = fields.get("variant")
+    cause, fix = MESSAGES[f"{check}/{variant}" if variant else check]
     return {"check": check, "cause": cause.format(**fields), "fix": fix.format(**fields)}
 
 
@@ -206,15 +241,55 @@ def _nouveau(facts: dict) -> list[dict[str, Any]]:
     return [{}] if re.search(r"^nouveau\s", facts.get("proc_modules") or "", re.M) else []
 
 
+def _signing_pair_gaps(pair: dict) -> list[str]:
+    """What is wrong with a configured key and certificate (``module_signing``), one phrase each."""
+    gaps = []
+    for part in ("key", "certificate"):
+        variable = f"nvidia_driver_module_signing_{part}"
+        if not pair.get(part):
+            gaps.append(f"{variable} is not set")
+        elif not pair.get(f"{part}_found"):
+            gaps.append(f"{variable} ({pair[part]}) is not a file on the controller")
+    return gaps
+
+
 def _secure_boot(facts: dict) -> list[dict[str, Any]]:
-    enabled = "SecureBoot enabled" in (facts.get("secure_boot") or "")
-    return [{}] if enabled and not facts.get("signing_key") else []
+    """Secure Boot on needs a signing pair: the one configured (both files on the controller) or,
+    when none is configured, DKMS's own key on the host."""
+    if "SecureBoot enabled" not in (facts.get("secure_boot") or ""):
+        return []
+    pair = facts.get("module_signing") or {}
+    if not (pair.get("key") or pair.get("certificate")):
+        return [] if facts.get("signing_key") else [{}]
+    gaps = _signing_pair_gaps(pair)
+    return [{"variant": "pair", "missing": "; ".join(gaps)}] if gaps else []
+
+
+def _version_key(name: str) -> tuple:
+    """Sort key of a kernel release that orders like ``sort -V``: digit runs as numbers."""
+    return tuple((0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.findall(r"\d+|\D+", name))
+
+
+def _newer_kernel(facts: dict) -> str | None:
+    """The newest kernel under /lib/modules (``installed_kernels``) when it is newer than the running one."""
+    running = str(facts.get("kernel") or "")
+    installed = [k for k in facts.get("installed_kernels") or [] if k != running and k[:1].isdigit()]
+    newest = max(installed, key=_version_key, default=None)
+    return newest if newest and _version_key(newest) > _version_key(running) else None
 
 
 def _kernel_headers(facts: dict) -> list[dict[str, Any]]:
     if facts.get("kernel_headers"):
         return []
-    return [{"kernel": facts.get("kernel"), "package": facts.get("kernel_headers_package")}]
+    fields = {"kernel": facts.get("kernel"), "package": facts.get("kernel_headers_package")}
+    newer = _newer_kernel(facts)
+    return [dict(fields, variant="pending_reboot", newer=newer) if newer else fields]
+
+
+def _reboot_local(facts: dict) -> list[dict[str, Any]]:
+    connection = str(facts.get("connection") or "")
+    local = connection in ("local", "ansible.builtin.local")
+    return [{"connection": connection}] if local and facts.get("reboot_allowed") else []
 
 
 def _installer_running(facts: dict) -> list[dict[str, Any]]:
@@ -314,6 +389,7 @@ CHECKS = (
     ("nouveau", _nouveau, "kernel"),
     ("secure_boot", _secure_boot, "kernel"),
     ("kernel_headers", _kernel_headers, "kernel"),
+    ("reboot_local", _reboot_local, "kernel"),
     ("installer_running", _installer_running, "host"),
     ("gpus_busy", _gpus_busy, "host"),
     ("gpu_count", _gpu_count, "host"),
@@ -347,8 +423,12 @@ def check_host(facts: dict, settings: dict | None = None) -> dict:
                                                        # variable: the setting that moves the folder
             proc_modules: str,               # text of /proc/modules ('' when unreadable)
             secure_boot: str | None,         # stdout of `mokutil --sb-state`, None when absent
-            signing_key: bool,               # a module signing key is configured
+            signing_key: bool,               # DKMS's module signing key is on the host
+            module_signing: {key, certificate: str (controller paths, '' when unset),
+                             key_found, certificate_found: bool},  # the configured signing pair
             kernel: str, kernel_headers: bool, kernel_headers_package: str,
+            installed_kernels: [str],        # the folders under /lib/modules (kernel releases)
+            reboot_allowed: bool, connection: str,  # nvidia_driver may reboot; ansible_connection
             gpus: nvidia_gpu_facts result (count, gpus, models, nvlink_pairs, nvswitch_present, source,
                   pci_count, pci_gpus, pci_source) or {},
             expected_gpu_count: int | None,  # GPUs the inventory says the host has; None: not checked

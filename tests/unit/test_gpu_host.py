@@ -350,6 +350,8 @@ def test_every_check_fires_in_order_with_its_exact_messages():
             proc_modules="nouveau 1 0 - Live 0x0\n",
             secure_boot="SecureBoot enabled\n",
             kernel_headers=False,
+            reboot_allowed=True,
+            connection="local",
             installers=["4711 sh cuda.run"],
             compute_apps=[{"pid": 4242, "process_name": "python3"}],
             driver_change=True,
@@ -357,8 +359,8 @@ def test_every_check_fires_in_order_with_its_exact_messages():
         {"skip_checks": ["nvlnk", "zzz"]},
     )
     names = (
-        "root, os, venv_occupied, disk, noexec, nouveau, secure_boot, kernel_headers, gpus_busy, installer_running, "
-        "gpu_count, mixed_models, pcie_width, nvlink"
+        "root, os, venv_occupied, disk, noexec, nouveau, secure_boot, kernel_headers, reboot_local, gpus_busy, "
+        "installer_running, gpu_count, mixed_models, pcie_width, nvlink"
     )
     skip_fix = f'Use the names {names}, as a list: -e \'{{"gpu_preflight_skip_checks": ["disk"]}}\'.'
     assert result["problems"][3:] == [
@@ -367,18 +369,14 @@ def test_every_check_fires_in_order_with_its_exact_messages():
             "cause": "The nouveau driver is loaded; the NVIDIA kernel module cannot load beside it.",
             "fix": "Let the run blacklist it (nvidia_driver_blacklist_nouveau: true) and reboot, then rerun.",
         },
-        {
-            "check": "secure_boot",
-            "cause": "Secure Boot is on and no module signing key is configured; the kernel will refuse the unsigned "
-            "NVIDIA module.",
-            "fix": "Enrol a Machine Owner Key and configure it for DKMS signing, or turn Secure Boot off.",
-        },
+        {"check": "secure_boot", "cause": SECURE_BOOT_CAUSE, "fix": SECURE_BOOT_FIX},
         {
             "check": "kernel_headers",
             "cause": "No kernel headers for the running kernel 6.1.0-27-amd64 (/lib/modules/<kernel>/build), and none "
             "can be installed.",
             "fix": "Install linux-headers-6.1.0-27-amd64 or boot a kernel whose headers are available.",
         },
+        {"check": "reboot_local", "cause": REBOOT_LOCAL_CAUSE, "fix": REBOOT_LOCAL_FIX},
         {
             "check": "installer_running",
             "cause": "An install from an earlier run is still running on the host: 4711 sh cuda.run.",
@@ -433,12 +431,15 @@ def test_hardware_advice_exact_messages():
 
 def test_check_table_messages_and_names_agree():
     running_order = (
-        "root os venv_occupied disk noexec nouveau secure_boot kernel_headers installer_running gpus_busy gpu_count"
-        " mixed_models pcie_width nvlink"
+        "root os venv_occupied disk noexec nouveau secure_boot kernel_headers reboot_local installer_running gpus_busy"
+        " gpu_count mixed_models pcie_width nvlink"
     )
     assert [name for name, _check, _scope in gpu_host.CHECKS] == running_order.split()
     assert {name for name, _check, _scope in gpu_host.CHECKS} == set(gpu_host.HOST_CHECKS)
-    assert set(gpu_host.MESSAGES) == set(gpu_host.HOST_CHECKS) | {"skip_checks"}
+    # Every check has its message; "<check>/<variant>" messages belong to a check.
+    assert {key.split("/")[0] for key in gpu_host.MESSAGES} == set(gpu_host.HOST_CHECKS) | {"skip_checks"}
+    assert set(gpu_host.HOST_CHECKS) | {"skip_checks"} <= set(gpu_host.MESSAGES)
+    assert sorted(k for k in gpu_host.MESSAGES if "/" in k) == ["kernel_headers/pending_reboot", "secure_boot/pair"]
     assert {scope for _name, _check, scope in gpu_host.CHECKS} == {"host", "kernel", "hardware"}
 
 
@@ -531,3 +532,158 @@ def test_gpu_count_with_nothing_readable_says_so_and_can_be_skipped():
     skipped = gpu_host.check_host(facts(gpus=blind, expected_gpu_count=1), {"skip_checks": ["gpu_count"]})
     assert skipped["ok"] is True
     assert checks(skipped, "overridden") == ["gpu_count"]
+
+
+# --- secure_boot: a configured signing pair, DKMS's key, or neither ------------------------------------
+
+SECURE_BOOT_CAUSE = (
+    "Secure Boot is on and no module signing key is configured (no nvidia_driver_module_signing_key and "
+    "nvidia_driver_module_signing_certificate, no DKMS key /var/lib/dkms/mok.pub); the kernel will refuse the "
+    "unsigned NVIDIA module."
+)
+SECURE_BOOT_FIX = (
+    "Set nvidia_driver_module_signing_key and nvidia_driver_module_signing_certificate to the private key and "
+    "certificate of a Machine Owner Key enrolled on the host (mokutil --import), or turn Secure Boot off."
+)
+PAIR_FIX = (
+    "Set both nvidia_driver_module_signing_key and nvidia_driver_module_signing_certificate to files on the "
+    "controller (the private key and certificate of a Machine Owner Key enrolled on the host with mokutil "
+    "--import), or turn Secure Boot off."
+)
+KEY, CERT = "/etc/gpu-fleet/mok.key", "/etc/gpu-fleet/mok.der"
+
+
+def pair(key="", certificate="", key_found=False, certificate_found=False):
+    return {"key": key, "certificate": certificate, "key_found": key_found, "certificate_found": certificate_found}
+
+
+def test_secure_boot_without_any_key_names_both_ways_out():
+    result = gpu_host.check_host(facts(secure_boot="SecureBoot enabled\n", module_signing=pair()))
+    assert result["problems"] == [{"check": "secure_boot", "cause": SECURE_BOOT_CAUSE, "fix": SECURE_BOOT_FIX}]
+
+
+@pytest.mark.parametrize(
+    ("secure_boot", "signing", "dkms_key"),
+    [
+        ("SecureBoot enabled\n", pair(KEY, CERT, True, True), False),  # the configured pair
+        ("SecureBoot enabled\n", pair(), True),  # DKMS's own key, today's case
+        ("SecureBoot disabled\n", pair(KEY, "", False, False), False),  # off: no signing needed
+        (None, pair(), False),  # no mokutil: no Secure Boot to speak of
+    ],
+)
+def test_secure_boot_passes(secure_boot, signing, dkms_key):
+    result = gpu_host.check_host(facts(secure_boot=secure_boot, module_signing=signing, signing_key=dkms_key))
+    assert result["ok"], result["problems"]
+
+
+@pytest.mark.parametrize(
+    ("signing", "missing"),
+    [
+        (pair(KEY, "", True, False), "nvidia_driver_module_signing_certificate is not set"),
+        (pair("", CERT, False, True), "nvidia_driver_module_signing_key is not set"),
+        (
+            pair(KEY, CERT, False, True),
+            "nvidia_driver_module_signing_key (/etc/gpu-fleet/mok.key) is not a file on the controller",
+        ),
+        (
+            pair(KEY, CERT, False, False),
+            "nvidia_driver_module_signing_key (/etc/gpu-fleet/mok.key) is not a file on the controller; "
+            "nvidia_driver_module_signing_certificate (/etc/gpu-fleet/mok.der) is not a file on the controller",
+        ),
+    ],
+)
+def test_secure_boot_with_an_incomplete_pair_names_what_is_missing(signing, missing):
+    # DKMS's key on the host does not stand in for a pair the inventory configured wrongly.
+    result = gpu_host.check_host(facts(secure_boot="SecureBoot enabled\n", module_signing=signing, signing_key=True))
+    assert result["problems"] == [
+        {
+            "check": "secure_boot",
+            "cause": f"Secure Boot is on and the module signing pair is incomplete: {missing}; without both the "
+            "NVIDIA module stays unsigned and the kernel refuses it.",
+            "fix": PAIR_FIX,
+        }
+    ]
+
+
+# --- kernel_headers: a kernel upgrade waiting for its reboot ------------------------------------------
+
+
+def test_missing_headers_with_a_newer_kernel_installed_ask_for_a_reboot_into_it():
+    installed = ["6.1.0-9-amd64", "6.1.0-27-amd64", "6.1.0-28-amd64"]  # -28 > -27 > -9 by version, not by text
+    result = gpu_host.check_host(facts(kernel_headers=False, installed_kernels=installed))
+    assert result["problems"] == [
+        {
+            "check": "kernel_headers",
+            "cause": "No kernel headers for the running kernel 6.1.0-27-amd64, and none can be installed: a kernel "
+            "upgrade is pending, 6.1.0-28-amd64 is installed but the host still runs 6.1.0-27-amd64.",
+            "fix": "Reboot into the new kernel 6.1.0-28-amd64 first, then rerun.",
+        }
+    ]
+
+
+@pytest.mark.parametrize(
+    ("running", "installed", "newer"),
+    [
+        ("5.14.0-427.13.1.el9_4.x86_64", ["5.14.0-503.11.1.el9_5.x86_64"], "5.14.0-503.11.1.el9_5.x86_64"),
+        ("6.8.0-45-generic", ["6.8.0-100-generic", "6.8.0-51-generic"], "6.8.0-100-generic"),
+        ("6.1.0-27-amd64", ["6.1.0-27-amd64", "6.1.0-9-amd64", "5.10.0-32-amd64"], None),  # only older ones
+        ("6.1.0-27-amd64", ["extramodules", "6.1.0-27-amd64"], None),  # not a kernel release
+        ("6.1.0-27-amd64", [], None),
+    ],
+)
+def test_only_a_newer_kernel_by_version_order_counts_as_pending(running, installed, newer):
+    (problem,) = gpu_host.check_host(facts(kernel=running, kernel_headers=False, installed_kernels=installed))[
+        "problems"
+    ]
+    if newer:
+        assert problem["fix"] == f"Reboot into the new kernel {newer} first, then rerun."
+    else:
+        assert problem["fix"] == "Install linux-headers-6.1.0-27-amd64 or boot a kernel whose headers are available."
+        assert "pending" not in problem["cause"]
+
+
+def test_a_newer_kernel_does_not_matter_while_the_headers_are_there():
+    assert gpu_host.check_host(facts(kernel_headers=True, installed_kernels=["6.1.0-28-amd64"]))["ok"]
+
+
+# --- reboot_local: a run cannot reboot the machine it runs on -----------------------------------------
+
+REBOOT_LOCAL_CAUSE = (
+    "nvidia_driver_reboot_allowed is true, but this host is managed over a local connection "
+    "(ansible_connection: local); a run cannot reboot the machine it runs on."
+)
+REBOOT_LOCAL_FIX = (
+    "Run the play from another controller, or set nvidia_driver_reboot_allowed: false and reboot by hand when the "
+    "run asks for it."
+)
+
+
+@pytest.mark.parametrize("connection", ["local", "ansible.builtin.local"])
+def test_reboot_allowed_under_a_local_connection_stops_the_host(connection):
+    result = gpu_host.check_host(facts(reboot_allowed=True, connection=connection))
+    assert result["problems"] == [
+        {
+            "check": "reboot_local",
+            "cause": REBOOT_LOCAL_CAUSE.replace(": local)", f": {connection})"),
+            "fix": REBOOT_LOCAL_FIX,
+        }
+    ]
+
+
+@pytest.mark.parametrize(
+    ("allowed", "connection", "manage_kernel"),
+    [
+        (False, "local", True),  # the run only asks for a reboot
+        (True, "ssh", True),
+        (True, "gpu_fleet.tf_hosts.podman_pipelined", True),
+        (True, "local", False),  # a container: nvidia_driver never reboots it
+    ],
+)
+def test_reboot_local_passes(allowed, connection, manage_kernel):
+    result = gpu_host.check_host(facts(reboot_allowed=allowed, connection=connection, manage_kernel=manage_kernel))
+    assert result["ok"], result["problems"]
+
+
+def test_reboot_local_can_be_skipped_and_is_then_reported():
+    result = gpu_host.check_host(facts(reboot_allowed=True, connection="local"), {"skip_checks": ["reboot_local"]})
+    assert result["ok"] and checks(result, "overridden") == ["reboot_local"]
