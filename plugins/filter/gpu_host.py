@@ -497,7 +497,8 @@ def space_needs(stacks: list[dict], driver: dict | None, present: dict, paths: d
 
     Args:
         stacks: resolved stacks (gpu_stacks_resolve).
-        driver: resolved driver (``{version, runfile}``) or None when the driver is not installed by us.
+        driver: resolved driver (``{version, runfile}``) or None when the driver is not installed by us;
+            ``runfile`` None (package method) needs no space here.
         present: ``{cuda_roots: [existing toolkit roots], venvs: [existing venvs], driver_installed: bool}``;
             what exists already needs no space.
         paths: ``{cache_dir, cuda_tmpdir, driver_tmpdir}``.
@@ -513,7 +514,8 @@ def space_needs(stacks: list[dict], driver: dict | None, present: dict, paths: d
     }
     runfiles = [s["cuda_toolkit"]["runfile"] for s in cuda_todo.values()]
     files = runfiles + [s["cudnn"]["archive"] for s in cuda_todo.values() if s.get("cudnn")]
-    driver_todo = driver is not None and not present.get("driver_installed")
+    # A driver from packages has no runfile to push or unpack; the package manager checks its own space.
+    driver_todo = driver is not None and driver.get("runfile") is not None and not present.get("driver_installed")
     if driver_todo:
         files.append(driver["runfile"])
 

@@ -825,10 +825,13 @@ def _check_default(default: str, names: list[str]) -> list[Problem]:
 
 
 def _pick_driver(manifest: dict, host: dict) -> tuple[dict | None, list[Problem]]:
-    """The host's driver runfile, when the driver is installed from one (``driver_install``)."""
+    """The driver the host gets (``driver_install``) and its runfile, unless it comes from packages
+    (``driver_method: package``: no runfile, so none is needed in the manifest)."""
     driver_text = str(host.get("driver_version") or "")
     if not (host.get("driver_install") and driver_text):
         return None, []
+    if host.get("driver_method") == "package":
+        return {"version": driver_text, "runfile": None}, []
     picked = _pick_artifact(manifest, "nvidia_driver", driver_text)
     if picked is None or str(picked[1]["version"]) != driver_text:
         return None, [_problem(HOST_WIDE, "driver_runfile_missing", driver=driver_text)]
@@ -894,8 +897,9 @@ def resolve_stacks(pins: list[dict], matrix: dict, manifest: dict, host: dict, d
             path are checked first (:func:`_check_pins`), its versions as it resolves.
         matrix, manifest: as for :func:`resolve_stack`.
         host: as for :func:`resolve_stack`, plus ``python_versions: {path: 'X.Y.Z'}`` giving the
-            version of each stack's interpreter, and ``driver_install: bool`` (the driver is
-            installed from its runfile, so the manifest must have it).
+            version of each stack's interpreter, ``driver_install: bool`` (the run installs the
+            driver) and ``driver_method`` (``runfile``, the default: the manifest must have its
+            runfile; ``package``: the driver's ``runfile`` is None).
         default: name of the default stack (owns ``/usr/local/cuda`` and the system library path);
             empty means the first stack.
 

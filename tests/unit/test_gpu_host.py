@@ -246,6 +246,17 @@ def test_space_needs_for_a_bare_host():
     ]
 
 
+def test_driver_from_packages_needs_no_installer_space():
+    needs = gpu_host.space_needs([STACK], {"version": "520.61.05", "runfile": None}, {}, PATHS)
+    assert [need["purpose"] for need in needs] == [
+        "artifact cache",
+        "CUDA installer scratch",
+        "CUDA toolkits",
+        "TensorFlow venvs",
+    ]
+    assert needs[0]["need_bytes"] == 4 * GIB + gpu_host.DEFAULT_RUNFILE_BYTES
+
+
 def test_space_needs_nothing_on_a_provisioned_host():
     present = {"cuda_roots": ["/usr/local/cuda-11.8"], "venvs": ["/opt/tensorflow/2.12"], "driver_installed": True}
     assert gpu_host.space_needs([STACK], DRIVER, present, PATHS) == []

@@ -192,6 +192,20 @@ def test_driver_not_required_in_manifest_when_not_installed_by_runfile():
     assert resolve({"name": "a", "tensorflow": "2.12"}, manifest=manifest, driver_install=False)["ok"]
 
 
+def test_package_method_needs_no_runfile_but_keeps_the_pinned_driver():
+    manifest = _manifest()
+    del manifest["NVIDIA-Linux-x86_64-520.61.05.run"]
+    result = resolve({"name": "a", "tensorflow": "2.12"}, manifest=manifest, driver_method="package")
+    assert result["ok"], result["messages"]
+    assert result["driver"] == {"version": "520.61.05", "runfile": None}
+
+
+def test_package_method_still_checks_the_driver_against_cuda():
+    result = resolve({"name": "a", "tensorflow": "2.12"}, driver="470.57.02", driver_method="package")
+    assert not result["ok"]
+    assert any("470.57.02" in m for m in result["messages"]), result["messages"]
+
+
 def test_known_bad_release_warns():
     result = resolve(
         {"name": "a", "tensorflow": "2.16.1"},
