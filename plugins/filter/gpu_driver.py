@@ -225,6 +225,57 @@ def gpu_driver_method(requested: Any, record_text: str | None, runfile_present: 
     }
 
 
+# Where each package manager reads a repository, the file the role writes and how the key is named
+# in it: sources.list(5) ("deb [signed-by=<keyring>] <url> /", NVIDIA's repositories are flat, and an
+# armored key needs a .asc name) and dnf.conf(5) ("[repository]" sections, gpgkey a file:// URL).
+REPOSITORY_FILES = {
+    "apt": {
+        "path": "/etc/apt/sources.list.d/gpu-fleet-nvidia-driver.list",
+        "key_path": "/usr/share/keyrings/gpu-fleet-nvidia-driver.asc",
+    },
+    "dnf": {
+        "path": "/etc/yum.repos.d/gpu-fleet-nvidia-driver.repo",
+        "key_path": "/etc/pki/rpm-gpg/RPM-GPG-KEY-gpu-fleet-nvidia-driver",
+    },
+}
+
+
+def gpu_driver_repository(packages: dict[str, Any], url: str = "") -> dict[str, str]:
+    """``{{ packages | gpu_fleet.tf_hosts.gpu_driver_repository(url) }}``: the repository file of the
+    package method, ``{path, content, key_path, key_url}``; ``url`` (a site mirror) replaces NVIDIA's."""
+    manager = packages.get("manager")
+    if manager not in REPOSITORY_FILES:
+        raise AnsibleFilterError(
+            f"No repository file is known for the package manager {manager!r}. Pass the result of "
+            "gpu_driver_packages (manager apt or dnf)."
+        )
+    files = REPOSITORY_FILES[manager]
+    repository = packages.get("repository") or {}
+    base = str(url or repository.get("url") or "")
+    if not base:
+        raise AnsibleFilterError(
+            "The driver repository has no URL: set nvidia_driver_package_repository_url, or give the OS's "
+            "package set a repository url in vars/packages.yml."
+        )
+    if manager == "apt":
+        content = f"deb [signed-by={files['key_path']}] {base} /\n"
+    else:
+        content = (
+            "[gpu-fleet-nvidia-driver]\n"
+            "name=NVIDIA CUDA repository (driver packages, gpu_fleet.tf_hosts)\n"
+            f"baseurl={base}\n"
+            "enabled=1\n"
+            "gpgcheck=1\n"
+            f"gpgkey=file://{files['key_path']}\n"
+        )
+    return {
+        "path": files["path"],
+        "content": content,
+        "key_path": files["key_path"],
+        "key_url": str(repository.get("key_url") or ""),
+    }
+
+
 class FilterModule:
     """Driver version and package-method filters."""
 
@@ -235,4 +286,5 @@ class FilterModule:
             "gpu_driver_packages": gpu_driver_packages,
             "gpu_driver_missing_packages": gpu_driver_missing_packages,
             "gpu_driver_method": gpu_driver_method,
+            "gpu_driver_repository": gpu_driver_repository,
         }

@@ -45,6 +45,7 @@ def test_filters_are_registered() -> None:
         "gpu_driver_packages": gpu_driver.gpu_driver_packages,
         "gpu_driver_missing_packages": gpu_driver.gpu_driver_missing_packages,
         "gpu_driver_method": gpu_driver.gpu_driver_method,
+        "gpu_driver_repository": gpu_driver.gpu_driver_repository,
     }
 
 
@@ -469,3 +470,54 @@ def test_ansible_doc_renders_the_package_method_filters(name: str) -> None:
     assert out.returncode == 0, out.stderr
     for text in (name, "RETURN VALUES", "EXAMPLES"):
         assert text in out.stdout, text
+
+
+# --- repository files: what each supported OS gets -------------------------------------------------------
+
+NVIDIA_REPOS = "https://developer.download.nvidia.com/compute/cuda/repos"
+
+
+@pytest.mark.parametrize(
+    ("facts", "folder", "key"),
+    [
+        (DEBIAN_12, "debian12", "3bf863cc.pub"),
+        (UBUNTU_2204, "ubuntu2204", "3bf863cc.pub"),
+        (UBUNTU_2404, "ubuntu2404", "3bf863cc.pub"),
+    ],
+)
+def test_apt_repository_file(facts: dict, folder: str, key: str) -> None:
+    repo = gpu_driver.gpu_driver_repository(packages(facts))
+    assert repo == {
+        "path": "/etc/apt/sources.list.d/gpu-fleet-nvidia-driver.list",
+        "content": f"deb [signed-by=/usr/share/keyrings/gpu-fleet-nvidia-driver.asc] {NVIDIA_REPOS}/{folder}/x86_64/ /\n",
+        "key_path": "/usr/share/keyrings/gpu-fleet-nvidia-driver.asc",
+        "key_url": f"{NVIDIA_REPOS}/{folder}/x86_64/{key}",
+    }
+
+
+@pytest.mark.parametrize("facts", [RHEL_9, ROCKY_9, ALMA_9])
+def test_dnf_repository_file(facts: dict) -> None:
+    repo = gpu_driver.gpu_driver_repository(packages(facts))
+    assert repo["path"] == "/etc/yum.repos.d/gpu-fleet-nvidia-driver.repo"
+    assert repo["content"].splitlines() == [
+        "[gpu-fleet-nvidia-driver]",
+        "name=NVIDIA CUDA repository (driver packages, gpu_fleet.tf_hosts)",
+        f"baseurl={NVIDIA_REPOS}/rhel9/x86_64/",
+        "enabled=1",
+        "gpgcheck=1",
+        "gpgkey=file:///etc/pki/rpm-gpg/RPM-GPG-KEY-gpu-fleet-nvidia-driver",
+    ]
+    assert repo["key_url"] == f"{NVIDIA_REPOS}/rhel9/x86_64/D42D0685.pub"
+
+
+def test_a_site_mirror_replaces_nvidias_url() -> None:
+    mirror = "https://mirror.example.internal/nvidia/debian12/"
+    repo = gpu_driver.gpu_driver_repository(packages(DEBIAN_12), mirror)
+    assert repo["content"] == f"deb [signed-by=/usr/share/keyrings/gpu-fleet-nvidia-driver.asc] {mirror} /\n"
+
+
+def test_repository_needs_a_known_manager_and_a_url() -> None:
+    with pytest.raises(AnsibleFilterError, match="package manager 'zypper'"):
+        gpu_driver.gpu_driver_repository({"manager": "zypper"})
+    with pytest.raises(AnsibleFilterError, match="set nvidia_driver_package_repository_url"):
+        gpu_driver.gpu_driver_repository({"manager": "apt", "repository": {}})
