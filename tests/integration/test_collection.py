@@ -30,7 +30,7 @@ RECAP = re.compile(r"^(\S+)\s+: ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+f
 # with any tag, and the installers' push/clean steps belong to gpu_artifacts.
 STACKS = "gpu_preflight"
 PHASES = {
-    "preflight": {"gpu_preflight", "gpu_artifacts", "gpu_verify", "cuda_toolkit", "tf_venv"},
+    "preflight": {"gpu_preflight", "gpu_artifacts", "gpu_verify", "nvidia_driver", "cuda_toolkit", "tf_venv"},
     "driver": {"nvidia_driver", "gpu_artifacts", STACKS},
     "cuda": {"cuda_toolkit", "cudnn", "gpu_env", "gpu_artifacts", STACKS},
     "tensorflow": {"tf_venv", STACKS},
