@@ -14,7 +14,7 @@ STANDINS := build/standins
 PYTEST_UNIT := tests/unit
 EE_TAG ?= gpu-fleet-tf-hosts-ee:0.10.0
 
-.PHONY: help deps venv image standins sandbox demo demo-clean lint unit sanity molecule integration test bench ee-context ee clean
+.PHONY: help deps venv image standins sandbox demo demo-clean lint unit sanity molecule integration test bench locks ee-context ee clean
 
 help:
 	@echo "make demo        provision and verify the sandbox host, print the fleet report"
@@ -26,6 +26,7 @@ help:
 	@echo "make molecule    Molecule scenarios default, preflight, artifacts, faults"
 	@echo "make integration collection install, bad-input suite, interrupted runs, reports, air-gap, HTML"
 	@echo "make bench       timings on fresh sandbox hosts against the fleet targets (minutes; by hand)"
+	@echo "make locks       the venvs' dependency locks in data/locks/ from data/locks/targets.yml (uv, PyPI)"
 	@echo "make ee-context  the execution environment's build context (ansible-builder create)"
 	@echo "make ee          the AWX/Automation Platform execution environment image (needs podman)"
 	@echo "make clean       remove build outputs, reports and Ansible's local state"
@@ -85,6 +86,11 @@ test: lint unit sanity molecule integration
 # BENCH_ARGS=--quick for 1 host only; --keep leaves the containers.
 bench: venv standins image
 	$(BIN)/python tools/bench.py $(BENCH_ARGS)
+
+# Not part of `make test` (it asks PyPI): every lock of data/locks/targets.yml, rewritten only when it
+# changes; commit the locks. LOCKS_ARGS=--check compares instead of writing.
+locks: venv
+	$(BIN)/python tools/locks.py $(LOCKS_ARGS)
 
 # The collection tarball that execution-environment.yml installs, then the build context only.
 ee-context: venv

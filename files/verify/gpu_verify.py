@@ -12,7 +12,8 @@ Steps, in order:
 1. ``gpu_count``: GPUs seen by nvidia-smi (and lspci) against ``--expected-gpus``; the driver
    version nvidia-smi reports against ``--expect-driver``.
 2. ``libraries`` (in this process, ctypes only, no TensorFlow): libcuda, libcudart, libcudnn
-   as really loaded, against the pins; driver CUDA version >= runtime.
+   as really loaded, against the pins; driver CUDA version >= runtime. ``lock``: the venv's
+   distributions against its dependency lock, ``--lock`` (``venv_lock.py``).
 3. ``fit.py`` as a subprocess of the same interpreter (``sys.executable``) in its own process
    group, killed as a group after ``--timeout`` seconds (a hung NCCL all-reduce never returns).
    It also reports TensorFlow's version and build info, compared here with the loaded libraries
@@ -30,6 +31,7 @@ Output document (schema 1)::
      "driver_version", "gpus": {gpu_count result}, "libraries": {"libcuda": {...},
      "libcudart": {...}, "libcudnn": {...}}, "tensorflow": {"version", "is_cuda_build",
      "build_info", "gpus", "error"}, "fit": {fit result, "timed_out", "returncode"},
+     "lock": {"path", "sha256", "pins", "ok", "drift", "note"} (venv_lock.py),
      "problems": [{"check", "cause", "fix"}], "expected": {"gpus", "driver", "cuda", "cudnn",
      "tensorflow"}, "seconds", "multiworker": null | {"workers", "task_index", "is_chief",
      "cluster": ["host:port", ...], "num_replicas_in_sync", "samples_per_second"}}
@@ -55,6 +57,7 @@ from typing import Any
 
 import gpu_count
 import libraries
+import venv_lock
 from fit import MULTIWORKER_FIX, NCCL_HANG_FIX, OOM_CAUSE, TFConfigError, add_fit_arguments, parse_tf_config
 from gpu_parsers import SAMPLE_FIELDS, parse_samples
 from verify_common import (
@@ -598,6 +601,8 @@ def verify(args: argparse.Namespace) -> dict[str, Any]:
     libs_doc = libraries.check_libraries(args.expect_cuda, args.expect_cudnn, args.cuda_root)
     libs = libs_doc["libraries"]
     problems += libs_doc["problems"]
+    lock = venv_lock.check(args.lock)
+    problems += lock.pop("problems")
 
     tf_config = os.environ.get("TF_CONFIG")
     fit, scaling, utilisation = run_fits(args, tf_config)
@@ -623,6 +628,7 @@ def verify(args: argparse.Namespace) -> dict[str, Any]:
         "driver_version": gpus["driver_version"],
         "gpus": gpus,
         "libraries": libs,
+        "lock": lock,
         "tensorflow": tf_info,
         "fit": fit,
         "scaling": scaling,
@@ -686,6 +692,8 @@ def format_table(doc: dict[str, Any]) -> str:
         f"{_fmt(fit.get('loss_end'))}, {_fmt(fit.get('fit_seconds'), 2)} s, "
         f"{_fmt(fit.get('samples_per_second'), 1)} samples/s" + (", TIMED OUT" if fit.get("timed_out") else "")
     )
+    if doc.get("lock"):
+        lines.append(f"  {venv_lock.format_line(doc['lock'])}")
     problems = doc.get("problems") or []
     if problems:
         lines.append("Problems:")
@@ -756,6 +764,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--mixed-precision", action="store_true", help="fit with the mixed_float16 policy")
     parser.add_argument("--stack", help="label for this TensorFlow stack, e.g. tf2.12")
+    parser.add_argument(
+        "--lock",
+        default=venv_lock.DEFAULT_LOCK,
+        help=f"the venv's dependency lock, compared with its distributions (default {venv_lock.DEFAULT_LOCK})",
+    )
     parser.add_argument("--output", metavar="PATH", help="also write the JSON document to PATH")
     parser.add_argument("--format", choices=("json", "table"), default="json", help="stdout format (default json)")
     add_fit_arguments(parser, help_prefix="fit: ")

@@ -232,6 +232,24 @@ CASES = [
         ("127.0.0.1:9", "cannot be reached from the host", "tf_venv_pip_index_url"),
     ),
     Case(
+        "lock_missing",
+        {"tf_venv_lock_dir": "/nonexistent/locks"},
+        (
+            "Stack tf2.12 has no dependency lock: /nonexistent/locks/tensorflow-cpu-2.12.1-py3.11.txt does not exist",
+            "make locks",
+            "tf_venv_require_lock: false",
+        ),
+    ),
+    Case(
+        "extra_package_not_in_the_lock",
+        {"tf_venv_extra_packages": ["pandas==2.2.3"]},
+        (
+            "tf_venv_extra_packages pandas==2.2.3 not in stack tf2.12's lock",
+            "--extra pandas==2.2.3",
+            "tf_venv_lock_dir",
+        ),
+    ),
+    Case(
         "ca_bundle_missing",
         {"tf_venv_pip_ca_bundle": "/nonexistent/corp-ca.pem"},
         ("/nonexistent/corp-ca.pem does not exist on the controller", "tf_venv_pip_ca_bundle"),

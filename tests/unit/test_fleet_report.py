@@ -38,6 +38,7 @@ HEADERS = [
     "samples/s",
     "scaling eff.",
     "disk GiB",
+    "lock sha256",
     "mode",
     "problems",
     "not run",
@@ -164,6 +165,7 @@ def test_rows_show_loaded_versions_and_columns() -> None:
         "samples_per_second": "1234.6",
         "efficiency": "-",
         "disk_gib": "6.50",
+        "lock": "-",
         "mode": "gpu",
         "problems": "",
         "not_run": "",
@@ -267,7 +269,7 @@ def test_report_files(tmp_path: Path) -> None:
     assert md.startswith("# GPU fleet report — run 42")
     assert "| " + " | ".join(HEADERS) + " |" in md
     assert (
-        "| gpu01 (tf2.12) | PASS | 520.61.05 | 11.8 | 8.6.0 | 2.12.1 | 2/2 | 2 | - | 2.403→0.595 | 3.21 | 1234.6 | - | 6.50 | gpu |  |  |\n"
+        "| gpu01 (tf2.12) | PASS | 520.61.05 | 11.8 | 8.6.0 | 2.12.1 | 2/2 | 2 | - | 2.403→0.595 | 3.21 | 1234.6 | - | 6.50 | - | gpu |  |  |\n"
         in md
     )
     assert "/usr/lib/x \\| y" in md  # a pipe in a cause must not break the table
@@ -695,3 +697,50 @@ def test_an_unreadable_previous_report_is_named_and_not_merged(tmp_path: Path) -
     assert (
         "previous report" in done["table"] and "unreadable" in done["table"] and "Remove it or fix it" in done["table"]
     )
+
+
+LOCK_SHA = "0123456789abcdef" * 4
+
+
+def test_the_lock_column_shows_each_venvs_lock_digest_and_its_check_passes() -> None:
+    doc = passing_doc()
+    doc["lock"] = {"path": "/opt/tensorflow/2.12/tf-lock.txt", "sha256": LOCK_SHA, "pins": 45, "ok": True}
+    row = fleet_report.build_report({"h": [doc]}, None)["hosts"]["h"]["rows"][0]
+    assert row["lock"] == "0123456789ab"
+    assert row["checks"]["lock"] == {"status": "pass", "passed": True, "reason": None}
+    assert "lock sha256" in fleet_report.format_text(fleet_report.build_report({"h": [doc]}, None))
+
+
+def test_a_venv_that_drifted_from_its_lock_fails_the_lock_check_with_cause_and_fix() -> None:
+    doc = passing_doc()
+    lines = ["numpy 1.26.4 installed, the lock has 1.24.3", "pandas 2.2.3 not in the lock"]
+    doc["lock"] = {
+        "path": "/opt/tf/tf-lock.txt",
+        "sha256": LOCK_SHA,
+        "pins": 45,
+        "ok": False,
+        "drift": {"lines": lines},
+    }
+    cause = "The venv differs from its lock /opt/tf/tf-lock.txt (sha256 0123456789ab): " + "; ".join(lines) + "."
+    fix = "Rerun the playbook (site.yml, or playbooks/tensorflow.yml --limit <host>) to restore the lock"
+    doc.update(ok=False, problems=[{"check": "lock", "cause": cause, "fix": fix}])
+    report = fleet_report.build_report({"h": [doc]}, None)
+    row = report["hosts"]["h"]["rows"][0]
+    assert row["status"] == "FAIL" and row["problems"] == "lock"
+    assert row["checks"]["lock"] == {"status": "fail", "passed": False, "reason": cause}
+    text = fleet_report.format_text(report)
+    assert f"[lock]: {cause}" in text and f"fix: {fix}" in text
+    # without the problem (an older gpu_verify.py), the section alone still fails the check
+    doc.update(problems=[])
+    assert _outcomes(doc)["lock"]["reason"] == "; ".join(lines)
+
+
+def test_a_venv_installed_without_a_lock_is_not_run_never_passed() -> None:
+    doc = passing_doc()
+    note = "no lock at /opt/tf/tf-lock.txt: the venv was installed without one"
+    doc["lock"] = {"path": "/opt/tf/tf-lock.txt", "sha256": None, "ok": None, "note": note}
+    row = fleet_report.build_report({"h": [doc]}, None)["hosts"]["h"]["rows"][0]
+    assert row["lock"] == "none" and row["status"] == "PASS"
+    assert row["checks"]["lock"] == {"status": "not run", "passed": None, "reason": note}
+    junit = fleet_report.format_junit(fleet_report.build_report({"h": [doc]}, None))
+    assert f'name="lock"><skipped message="not run: {note}"' in junit

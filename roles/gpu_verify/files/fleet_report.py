@@ -15,17 +15,18 @@ Each value is one of
   not run.
 
 Checks.  Every row (one per host and stack) answers the checks ``gpu_count``, ``driver``,
-``libcuda``, ``libcudart``, ``libcudnn``, ``tensorflow``, ``fit``, then ``multiworker`` and
-``scaling`` when the document has those sections, then any other check a problem names.  Each is
-``pass``, ``fail`` or ``not run``: a check a problem names failed; otherwise it ran only if its
-section of the document holds a result (``gpus`` with a count; a driver version and a pin or the
-kernel module's version to compare it with; ``libraries.<name>``; a TensorFlow version; ``fit``
-with ``ok`` true or false; ``scaling`` with ``ok`` true or false; ``multiworker`` follows the
-fit).  A check that did not run is never reported as passed.  A result without a verification
-document (no ``schema``, ``gpus``, ``libraries``, ``tensorflow`` or ``fit``: unreachable, failed
-before verification, not an object) has exactly one check, ``verification``, failed with the
-reason; its other checks are omitted everywhere (the tables' not-run cell reads ``all``).  A
-row's status stays gpu_verify's verdict (``ok`` and no problems): a PASS row may list checks that
+``libcuda``, ``libcudart``, ``libcudnn``, ``tensorflow``, ``fit``, then ``multiworker``,
+``scaling`` and ``lock`` when the document has those sections, then any other check a problem
+names.  Each is ``pass``, ``fail`` or ``not run``: a check a problem names failed; otherwise it ran
+only if its section of the document holds a result (``gpus`` with a count; a driver version and a
+pin or the kernel module's version to compare it with; ``libraries.<name>``; a TensorFlow version;
+``fit`` with ``ok`` true or false; ``scaling`` with ``ok`` true or false; ``multiworker`` follows
+the fit; ``lock`` with ``ok`` true or false, not run for a venv installed without a lock).  A check
+that did not run is never reported as passed.  A result without a verification document (no
+``schema``, ``gpus``, ``libraries``, ``tensorflow`` or ``fit``: unreachable, failed before
+verification, not an object) has exactly one check, ``verification``, failed with the reason; its
+other checks are omitted everywhere (the tables' not-run cell reads ``all``).  A row's status stays
+gpu_verify's verdict (``ok`` and no problems): a PASS row may list checks that
 did not run (the scaling figure on logical CPU devices, a driver without a pin), never as passed.
 
 Output, in a new run folder ``<out-dir>/<inventory name>/<UTC time>/`` that ``<out-dir>/<inventory
@@ -99,6 +100,7 @@ COLUMNS = (
     ("samples_per_second", "samples/s"),
     ("efficiency", "scaling eff."),
     ("disk_gib", "disk GiB"),
+    ("lock", "lock sha256"),
     ("mode", "mode"),
     ("problems", "problems"),
     ("not_run", "not run"),
@@ -228,7 +230,7 @@ PASS, FAIL, NOT_RUN = "pass", "fail", "not run"
 # The checks every verification document answers, in report order; ``multiworker`` and ``scaling``
 # follow when the document has their section, then any other check a problem names.
 CHECKS = ("gpu_count", "driver", "libcuda", "libcudart", "libcudnn", "tensorflow", "fit")
-OPTIONAL_CHECKS = ("multiworker", "scaling")
+OPTIONAL_CHECKS = ("multiworker", "scaling", "lock")
 # A result with none of these keys is no verification document (unreachable, failed early).
 DOCUMENT_KEYS = ("schema", "gpus", "libraries", "tensorflow", "fit")
 NO_DOCUMENT_CHECK = "verification"
@@ -306,6 +308,25 @@ def _scaling_outcome(doc: Any, _outcomes: dict[str, Any]) -> tuple[str, str | No
     return NOT_RUN, _get(doc, "scaling", "note") or "the scaling section holds no result"
 
 
+def _lock_outcome(doc: Any, _outcomes: dict[str, Any]) -> tuple[str, str | None]:
+    """The venv against its dependency lock (gpu_verify.py's ``lock`` section, venv_lock.py)."""
+    ok = _get(doc, "lock", "ok")
+    if ok is True:
+        return PASS, None
+    if ok is False:
+        return FAIL, "; ".join(_get(doc, "lock", "drift", "lines") or []) or "the venv differs from its lock"
+    return NOT_RUN, _get(doc, "lock", "note") or "the lock section holds no result"
+
+
+def _lock_cell(doc: Any) -> str:
+    """The first 12 hex digits of the venv's lock (its sha256 in full is in the result), ``none``
+    for a venv installed without one, ``-`` when the result has no lock section."""
+    lock = _get(doc, "lock")
+    if not isinstance(lock, dict):
+        return "-"
+    return str(lock["sha256"])[:12] if lock.get("sha256") else "none"
+
+
 # check -> (doc, outcomes so far) -> (status, reason) when no problem names the check.
 OUTCOMES = {
     "gpu_count": _gpu_count_outcome,
@@ -317,6 +338,7 @@ OUTCOMES = {
     "fit": _fit_outcome,
     "multiworker": _multiworker_outcome,
     "scaling": _scaling_outcome,
+    "lock": _lock_outcome,
 }
 
 
@@ -405,6 +427,7 @@ def build_row(host: str, doc: Any) -> dict[str, Any]:
         "samples_per_second": _num(_get(doc, "fit", "samples_per_second"), 1),
         "efficiency": _num(_get(doc, "scaling", "efficiency"), 2),
         "disk_gib": _disk_gib(_get(doc, "disk_used_bytes")),
+        "lock": _lock_cell(doc),
         "mode": (_get(doc, "mode") or "-") + (" fp16" if _get(doc, "fit", "mixed_precision") else ""),
         "problems": ("TIMED OUT " if _get(doc, "fit", "timed_out") else "")
         + _cell(sorted({str(p.get("check")) for p in problems})),

@@ -1,0 +1,165 @@
+"""Dependency locks of the TensorFlow venvs: names, parsing and the comparison with a venv.
+
+A *lock* is a pip requirements file that pins every distribution a stack's venv holds, each with
+its sha256 hashes (``name==version \\ --hash=sha256:...``), made by ``make locks``
+(tools/locks.py, ``uv pip compile --generate-hashes``) and kept per TensorFlow package, version
+and Python X.Y: ``data/locks/tensorflow-cpu-2.12.1-py3.11.txt``. tf_venv installs one with
+``pip install --require-hashes --no-deps -r <lock>`` and pushes it to ``<venv>/tf-lock.txt``.
+
+Shared by the ``gpu_tf_lock_name``, ``gpu_tf_lock_problem`` and ``gpu_lock_drift`` filters
+(controller), tools/locks.py and the verification scripts in files/verify (which ship this file
+through the symlink files/verify/gpu_lock.py and import it as ``gpu_lock``). Standard library
+only, Python 3.8+; no function here runs a command or reads a file.
+
+Sources:
+
+- Requirements file format (one requirement per line, ``\\`` continues a line, ``#`` starts a
+  comment, ``--hash`` per requirement): pip documentation, "Requirements File Format",
+  https://pip.pypa.io/en/stable/reference/requirements-file-format/
+- Hash-checking mode (``--require-hashes`` needs every requirement pinned with ``==`` and hashed):
+  https://pip.pypa.io/en/stable/topics/secure-installs/#hash-checking-mode
+- Name normalisation (runs of ``-``, ``_`` and ``.`` are one ``-``, lower case): PEP 503,
+  https://peps.python.org/pep-0503/#normalized-names
+- ``pip freeze`` leaves out pip, setuptools, wheel and distribute unless ``--all`` is given
+  (https://pip.pypa.io/en/stable/cli/pip_freeze/): ``python -m venv`` puts them there
+  (ensurepip), so a venv holds them whether or not the lock names them.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Mapping
+
+# The files tf_venv keeps in each venv: the lock it installed from, and the sha256 of the lock
+# last installed in full (written only after pip succeeded).
+VENV_LOCK_FILE = "tf-lock.txt"
+VENV_LOCK_RECORD = "tf-lock.sha256"
+
+# Distributions a venv holds from ``python -m venv`` (ensurepip): compared only when the lock
+# names them (pip freeze's default leaves them out).
+BOOTSTRAP = frozenset(("pip", "setuptools", "wheel", "distribute"))
+
+_SEPARATORS = re.compile(r"[-_.]+")
+# ``name[extras]==version`` then anything (hashes, a marker); the name per PEP 508.
+_PINNED = re.compile(r"^([A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?)\s*(?:\[[^\]]*\])?\s*===?\s*([^\s;\\]+)")
+_SERIES = re.compile(r"^([0-9]+)\.([0-9]+)")
+
+
+def normalize_name(name: str) -> str:
+    """PEP 503 normalised form of a distribution name: ``Typing_Extensions`` -> ``typing-extensions``."""
+    return _SEPARATORS.sub("-", str(name)).lower()
+
+
+def python_series(version: str) -> str:
+    """``3.11.2`` -> ``3.11``; '' when the text does not start with X.Y."""
+    match = _SERIES.match(str(version or "").strip())
+    return f"{match.group(1)}.{match.group(2)}" if match else ""
+
+
+def lock_file_name(package: str, version: str, python_version: str) -> str:
+    """The lock's file name: ``tensorflow-cpu-2.12.1-py3.11.txt`` (package PEP 503 normalised,
+    the Python version cut to X.Y).
+
+    Raises:
+        ValueError: the Python version has no X.Y (the stack's interpreter was not read).
+    """
+    series = python_series(python_version)
+    if not series:
+        raise ValueError(f"Python version {python_version!r} has no X.Y to choose a lock by")
+    return f"{normalize_name(package)}-{version}-py{series}.txt"
+
+
+def _logical_lines(text: str) -> list[str]:
+    """The lines of a requirements file with ``\\`` continuations joined and comments removed."""
+    lines: list[str] = []
+    pending = ""
+    for raw in str(text or "").splitlines():
+        line = re.sub(r"(^|\s)#.*$", "", raw).rstrip()
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+            continue
+        line = (pending + line).strip()
+        pending = ""
+        if line:
+            lines.append(line)
+    if pending.strip():
+        lines.append(pending.strip())
+    return lines
+
+
+def parse_lock(text: str) -> dict[str, str]:
+    """``{normalised name: version}`` of every ``name==version`` requirement in a lock's text.
+
+    Option lines (``--index-url``, ``-r``) are skipped; a requirement without ``==`` is not a pin
+    and is left out (a lock made by tools/locks.py has none).
+    """
+    pins: dict[str, str] = {}
+    for line in _logical_lines(text):
+        match = _PINNED.match(line)
+        if match and not line.startswith("-"):
+            pins[normalize_name(match.group(1))] = match.group(2)
+    return pins
+
+
+def _pins(lock: object) -> dict[str, str]:
+    """A lock given as its text or as parsed pins."""
+    if isinstance(lock, Mapping):
+        return {normalize_name(name): str(version) for name, version in lock.items()}
+    return parse_lock(str(lock or ""))
+
+
+def lock_drift(lock: object, installed: Mapping[str, str]) -> dict[str, object]:
+    """Compare what a venv holds with its lock, ``pip freeze`` style.
+
+    Args:
+        lock: the lock's text, or ``{name: version}`` pins.
+        installed: ``{name: version}`` of every distribution in the venv (any spelling of the
+            names: they are compared PEP 503 normalised).
+
+    Returns:
+        ``{"ok": bool, "missing": [{"name", "locked"}], "changed": [{"name", "locked",
+        "installed"}], "extra": [{"name", "installed"}], "lines": [str, ...]}``, each list sorted by
+        name; ``ok`` is true when all three are empty. pip, setuptools, wheel and distribute are
+        compared only when the lock names them (:data:`BOOTSTRAP`). ``lines`` says each difference
+        in words (:func:`drift_lines`).
+    """
+    pins = _pins(lock)
+    have = {normalize_name(name): str(version) for name, version in (installed or {}).items() if name}
+    missing = [{"name": name, "locked": pins[name]} for name in sorted(set(pins) - set(have))]
+    changed = [
+        {"name": name, "locked": pins[name], "installed": have[name]}
+        for name in sorted(set(pins) & set(have))
+        if have[name] != pins[name]
+    ]
+    extra = [{"name": name, "installed": have[name]} for name in sorted(set(have) - set(pins)) if name not in BOOTSTRAP]
+    drift: dict[str, object] = {"missing": missing, "changed": changed, "extra": extra}
+    drift["ok"] = not (missing or changed or extra)
+    drift["lines"] = drift_lines(drift)
+    return drift
+
+
+def drift_lines(drift: Mapping[str, object]) -> list[str]:
+    """Each difference of :func:`lock_drift` in words: ``numpy 1.26.4 installed, the lock has
+    1.24.3``, ``keras 2.12.0 missing``, ``pandas 2.2.3 not in the lock``."""
+    lines = [f"{d['name']} {d['installed']} installed, the lock has {d['locked']}" for d in drift.get("changed") or []]
+    lines += [f"{d['name']} {d['locked']} missing" for d in drift.get("missing") or []]
+    lines += [f"{d['name']} {d['installed']} not in the lock" for d in drift.get("extra") or []]
+    return lines
+
+
+def unlocked_requirements(lock: object, requirements: list[str]) -> list[str]:
+    """The requirements (``name==version``) that the lock does not pin at that version: what
+    ``pip install --require-hashes -r <lock>`` would leave out. A requirement that is not an
+    exact pin is never in a lock, so it is returned too."""
+    pins = _pins(lock)
+    left: list[str] = []
+    for requirement in requirements or []:
+        match = _PINNED.match(str(requirement).strip())
+        if not match or pins.get(normalize_name(match.group(1))) != match.group(2):
+            left.append(str(requirement))
+    return left
+
+
+def short_digest(sha256: str | None) -> str:
+    """The first 12 hex digits of a sha256 (as the report shows a lock), or '-' for none."""
+    return str(sha256)[:12] if sha256 else "-"
