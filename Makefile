@@ -76,6 +76,7 @@ molecule: venv standins image
 	$(BIN)/molecule test -s preflight
 	$(BIN)/molecule test -s artifacts
 	$(BIN)/molecule test -s faults
+	$(BIN)/molecule test -s driver_package
 
 integration: venv standins image
 	$(BIN)/pytest -q tests/integration

@@ -10,7 +10,8 @@ Run with the TensorFlow venv's interpreter, e.g.::
 Steps, in order:
 
 1. ``gpu_count``: GPUs seen by nvidia-smi (and lspci) against ``--expected-gpus``; the driver
-   version nvidia-smi reports against ``--expect-driver``.
+   version nvidia-smi reports against ``--expect-driver``; with ``--expect-fabricmanager`` (an
+   NVSwitch host), the fabric manager runs at the driver's version (``fabricmanager.py``).
 2. ``libraries`` (in this process, ctypes only, no TensorFlow): libcuda, libcudart, libcudnn
    as really loaded, against the pins; driver CUDA version >= runtime. ``lock``: the venv's
    distributions against its dependency lock, ``--lock`` (``venv_lock.py``).
@@ -28,7 +29,8 @@ the CPU with ``--cpu-replicas``); ``--scaling`` is skipped.  A fit that does not
 Output document (schema 1)::
 
     {"schema": 1, "host", "stack", "ok", "mode": "gpu"|"cpu-replicas", "mode_note",
-     "driver_version", "gpus": {gpu_count result}, "libraries": {"libcuda": {...},
+     "driver_version", "gpus": {gpu_count result}, "fabricmanager": {"required", "running",
+     "version"}, "libraries": {"libcuda": {...},
      "libcudart": {...}, "libcudnn": {...}}, "tensorflow": {"version", "is_cuda_build",
      "build_info", "gpus", "error"}, "fit": {fit result, "timed_out", "returncode"},
      "lock": {"path", "sha256", "pins", "ok", "drift", "note"} (venv_lock.py),
@@ -55,6 +57,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import fabricmanager
 import gpu_count
 import libraries
 import venv_lock
@@ -597,6 +600,8 @@ def verify(args: argparse.Namespace) -> dict[str, Any]:
     gpus = gpu_count.check_gpus(args.expected_gpus, args.nvidia_smi, lspci=None if args.no_lspci else args.lspci)
     problems += gpus["problems"]
     problems += driver_problems(gpus["driver_version"], args.expect_driver)
+    fabric = fabricmanager.check(args.expect_fabricmanager, gpus["driver_version"])
+    problems += fabric["problems"]
 
     libs_doc = libraries.check_libraries(args.expect_cuda, args.expect_cudnn, args.cuda_root)
     libs = libs_doc["libraries"]
@@ -627,6 +632,7 @@ def verify(args: argparse.Namespace) -> dict[str, Any]:
         "multiworker": multiworker,
         "driver_version": gpus["driver_version"],
         "gpus": gpus,
+        "fabricmanager": {key: value for key, value in fabric.items() if key != "problems"},
         "libraries": libs,
         "lock": lock,
         "tensorflow": tf_info,
@@ -716,6 +722,11 @@ def add_expectation_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--expect-cuda", metavar="X.Y", help="pinned CUDA version, e.g. 11.8")
     parser.add_argument("--expect-cudnn", metavar="X.Y.Z", help="pinned cuDNN version, e.g. 8.6.0")
     parser.add_argument("--expect-tensorflow", metavar="X.Y.Z", help="pinned TensorFlow version")
+    parser.add_argument(
+        "--expect-fabricmanager",
+        action="store_true",
+        help="the host has NVSwitches: NVIDIA's fabric manager must run at the driver's version",
+    )
     parser.add_argument(
         "--cuda-root",
         metavar="DIR",
