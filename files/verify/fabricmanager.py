@@ -73,7 +73,7 @@ def check(required: bool, driver_version: str | None, binary: str = PROCESS) -> 
     if not required:
         return {"required": False, "running": None, "version": None, "problems": []}
     try:
-        out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=30).stdout
+        out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=30, check=False).stdout
     except (OSError, subprocess.TimeoutExpired):
         out = ""
     running, version = is_running(), parse_version(out)
