@@ -1,6 +1,6 @@
 # make demo   - the main job end to end on the built-in sandbox host
 # make test   - lint, unit tests, ansible-test sanity, Molecule default (check -> converge ->
-#               idempotence -> verify) and preflight, artifacts and faults scenarios, bad-input,
+#               idempotence -> verify) and preflight, artifacts, faults and fleet scenarios, bad-input,
 #               air-gap and HTML-report runs
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
@@ -23,7 +23,7 @@ help:
 	@echo "make lint        yamllint, ansible-lint (production), ruff"
 	@echo "make unit        pytest tests/unit"
 	@echo "make sanity      ansible-test sanity on the built and installed collection"
-	@echo "make molecule    Molecule scenarios default, preflight, artifacts, faults"
+	@echo "make molecule    Molecule scenarios default, preflight, artifacts, faults, fleet"
 	@echo "make integration collection install, bad-input suite, interrupted runs, reports, air-gap, HTML"
 	@echo "make bench       timings on fresh sandbox hosts against the fleet targets (minutes; by hand)"
 	@echo "make locks       the venvs' dependency locks in data/locks/ from data/locks/targets.yml (uv, PyPI)"
@@ -76,6 +76,7 @@ molecule: venv standins image
 	$(BIN)/molecule test -s preflight
 	$(BIN)/molecule test -s artifacts
 	$(BIN)/molecule test -s faults
+	$(BIN)/molecule test -s fleet
 	$(BIN)/molecule test -s driver_package
 
 integration: venv standins image

@@ -29,6 +29,12 @@ other checks are omitted everywhere (the tables' not-run cell reads ``all``).  A
 gpu_verify's verdict (``ok`` and no problems): a PASS row may list checks that
 did not run (the scaling figure on logical CPU devices, a driver without a pin), never as passed.
 
+``--not-verified`` (a JSON object ``{host: {"status", "reason"}}``) names hosts this run left out on
+purpose, e.g. a rolling reprovisioning's host skipped because its GPUs run jobs (``skipped``) or not
+reached (``not reached``): their input results are ignored, and each is listed like a host carried
+over, ``<status>: <reason> (last seen <time>: <status>)``, neither passed nor failed (see
+report_history.py).
+
 Output, in a new run folder ``<out-dir>/<inventory name>/<UTC time>/`` that ``<out-dir>/<inventory
 name>/latest`` then points to, merged with the previous ``latest`` report's hosts that this run did
 not verify (see report_history.py; ``--dry-run`` writes nothing):
@@ -794,6 +800,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--inventory-hosts",
         help="JSON list of every host in the inventory: previous hosts not in it are dropped, not carried over",
     )
+    parser.add_argument(
+        "--not-verified",
+        help='JSON object {host: {"status": "skipped", "reason": "..."}}: hosts this run left out on purpose',
+    )
     parser.add_argument("--keep", type=int, default=report_history.DEFAULT_KEEP, help="run folders to keep (>= 1)")
     parser.add_argument("--limit", help="the run's --limit, recorded in the report")
     parser.add_argument("--dry-run", action="store_true", help="write and delete nothing (--check): print only")
@@ -828,9 +838,9 @@ def run(args: argparse.Namespace, results: dict[str, Any], now: datetime.datetim
     name = report_history.inventory_name(args.inventory_source, args.inventory_name)
     inventory_dir = Path(args.out_dir) / name
     previous, warning = report_history.load_previous(inventory_dir)
-    report = report_history.merge(
-        previous, build_report(results, args.run_id, now), _inventory_hosts(args.inventory_hosts)
-    )
+    left_out = report_history.not_verified(args.not_verified)
+    current = build_report({h: v for h, v in results.items() if h not in left_out}, args.run_id, now)
+    report = report_history.merge(previous, current, _inventory_hosts(args.inventory_hosts), left_out)
     report.update(inventory=name, limit=args.limit or None, run_folder=None)
     folder = None
     if not args.dry_run:

@@ -14,6 +14,10 @@ merges: the hosts it verified carry this run's results; every other host of the 
 ``latest`` report that is still in the inventory is carried over with its last status, marked
 ``not in this run (last seen <time>: <status>)``, and counts neither as passed nor as failed.
 
+Hosts a run did not verify on purpose (``not_verified``: a rolling reprovisioning's host skipped
+because its GPUs run jobs, or one the rollout never reached) are carried over the same way, with
+their own status and reason instead: ``skipped: <reason> (last seen <time>: <status>)``.
+
 Pure functions (:func:`inventory_name`, :func:`merge`, :func:`carried_host`) are kept apart from
 the file system (:func:`load_previous`, :func:`write_run`, :func:`prune`).
 """
@@ -72,25 +76,32 @@ def inventory_name(sources: Iterable[str], override: str | None = None) -> str:
     return _safe("+".join(names)) if names else DEFAULT_NAME
 
 
-def marker(last_seen: str | None, last_status: str | None) -> str:
-    """``not in this run (last seen 2026-12-01T17:04:00Z: PASS)``."""
-    return f"{NOT_IN_RUN} (last seen {last_seen or 'never'}: {last_status or 'unknown'})"
+def marker(last_seen: str | None, last_status: str | None, label: str = NOT_IN_RUN) -> str:
+    """``not in this run (last seen 2026-12-01T17:04:00Z: PASS)``; ``label`` replaces the first words
+    (``skipped: <reason>``)."""
+    return f"{label} (last seen {last_seen or 'never'}: {last_status or 'unknown'})"
 
 
-def carried_host(previous_host: dict[str, Any], previous_generated_at: str | None) -> dict[str, Any]:
+def carried_host(
+    previous_host: dict[str, Any], previous_generated_at: str | None, not_verified: dict[str, str] | None = None
+) -> dict[str, Any]:
     """A host of the previous report that this run did not verify.
 
     Its last status and time are kept (from the host itself when it was already carried over,
     so the time is when it was last *verified*); its rows keep the last versions for reference,
     but their status reads ``not in this run (...)`` and their one check is not run: a stale PASS
-    is never shown or counted as a current pass."""
+    is never shown or counted as a current pass.  ``not_verified`` (``{"status", "reason"}``, see
+    :func:`merge`) words a host this run left out on purpose: ``<status>: <reason> (...)``, host
+    status ``<STATUS>``, and ``reason`` kept in the host's entry."""
     if previous_host.get("carried_over"):
         last_seen, last_status = previous_host.get("last_seen"), previous_host.get("last_status")
         last_problems = previous_host.get("last_problems") or []
     else:
         last_seen, last_status = previous_generated_at, previous_host.get("status")
         last_problems = previous_host.get("problems") or []
-    text = marker(last_seen, last_status)
+    status = (not_verified or {}).get("status") or NOT_IN_RUN
+    label = f"{status}: {not_verified['reason']}" if (not_verified or {}).get("reason") else status
+    text = marker(last_seen, last_status, label)
     outcome = {"status": "not run", "passed": None, "reason": text, "carried": True}
     rows = [
         dict(row, status=text, problems="-", not_run="all", checks={CARRIED_CHECK: dict(outcome)}, carried=True)
@@ -98,7 +109,8 @@ def carried_host(previous_host: dict[str, Any], previous_generated_at: str | Non
         if isinstance(row, dict)
     ]
     return {
-        "status": NOT_IN_RUN.upper(),
+        "status": status.upper(),
+        "reason": (not_verified or {}).get("reason"),
         "unreachable": False,
         "carried_over": True,
         "last_seen": last_seen,
@@ -111,28 +123,57 @@ def carried_host(previous_host: dict[str, Any], previous_generated_at: str | Non
     }
 
 
+def not_verified(value: str | None) -> dict[str, dict[str, str]]:
+    """The ``--not-verified`` JSON, ``{host: {"status": str, "reason": str}}`` ({} for None).
+
+    Raises:
+        ValueError: not JSON, or not an object of objects with a non-empty ``status`` and a ``reason``;
+            the message says what to pass.
+    """
+    if value is None:
+        return {}
+    try:
+        data = json.loads(value)
+    except ValueError as exc:
+        raise ValueError(f"--not-verified is not JSON ({exc}); pass an object {{host: {{status, reason}}}}") from None
+    if not isinstance(data, dict):
+        raise ValueError(
+            f"--not-verified must be a JSON object {{host: {{status, reason}}}}, got {type(data).__name__}"
+        )
+    for host, why in data.items():
+        if not (isinstance(why, dict) and str(why.get("status") or "").strip() and isinstance(why.get("reason"), str)):
+            raise ValueError(f'--not-verified: {host} needs {{"status": "<word>", "reason": "<text>"}}, got {why!r}')
+    return {str(host): {"status": str(why["status"]), "reason": why["reason"]} for host, why in data.items()}
+
+
 def merge(
     previous: dict[str, Any] | None,
     current: dict[str, Any],
     inventory_hosts: Iterable[str] | None = None,
+    not_verified: dict[str, dict[str, str]] | None = None,
 ) -> dict[str, Any]:
     """The report of this run (``current``, from ``fleet_report.build_report``) merged into the
     last full picture (``previous``, the previous ``latest`` report's JSON, or None).
 
     Hosts this run verified keep this run's results.  A host of ``previous`` that this run did
     not verify is carried over (:func:`carried_host`) when it is still in ``inventory_hosts``
-    (None: no filter); a host no longer in the inventory is dropped.  The summary gains
-    ``rechecked`` (hosts verified in this run) and ``not_in_run`` (hosts carried over); ``hosts``
-    counts both, ``passed``/``failed``/``unreachable`` count only this run's hosts."""
+    (None: no filter); a host no longer in the inventory is dropped.  A host of ``not_verified``
+    (``{host: {"status", "reason"}}``, hosts this run left out on purpose; not in ``current``) is
+    carried over with that status and reason, with its last result when ``previous`` has one.
+    The summary gains ``rechecked`` (hosts verified in this run) and ``not_in_run`` (hosts carried
+    over); ``hosts`` counts both, ``passed``/``failed``/``unreachable`` count only this run's hosts."""
     merged = dict(current, hosts=dict(current["hosts"]), summary=dict(current["summary"]))
     rechecked = len(current["hosts"])
     keep = None if inventory_hosts is None else set(inventory_hosts)
     carried = {}
-    if isinstance(previous, dict) and isinstance(previous.get("hosts"), dict):
-        for name, host in previous["hosts"].items():
-            if name in current["hosts"] or not isinstance(host, dict) or (keep is not None and name not in keep):
-                continue
-            carried[name] = carried_host(host, previous.get("generated_at"))
+    old = previous.get("hosts") if isinstance(previous, dict) and isinstance(previous.get("hosts"), dict) else {}
+    for name, host in old.items():
+        if name in current["hosts"] or not isinstance(host, dict) or (keep is not None and name not in keep):
+            continue
+        carried[name] = carried_host(host, previous.get("generated_at"), (not_verified or {}).get(name))
+    for name, why in (not_verified or {}).items():
+        if name not in current["hosts"] and name not in carried:
+            carried[name] = carried_host({"rows": [{"host": name}]}, None, why)
     merged["hosts"] = {
         name: (merged["hosts"].get(name) or carried[name]) for name in sorted({**carried, **merged["hosts"]})
     }

@@ -1,0 +1,203 @@
+"""Rolling reprovisioning: playbooks/reprovision.yml over three sandbox hosts, one per batch.
+
+The first run takes the hosts in the order busy -> healthy -> failing: the busy host (a stand-in job
+on its GPUs, prepare.yml) is skipped and named, the healthy one is drained, reprovisioned, verified
+and undrained before the failing one starts, and the failing one (4 GPUs expected, 2 on its PCI bus)
+stops in preflight, which stops the rollout (max_fail_percentage 0). The second run takes the failing
+host first: the rollout stops after it, and the fleet report says the other two were not reached,
+keeping their last results. The drain and undrain hooks are Slurm's commands, answered by a
+stand-in scontrol that records each call in SCONTROL_LOG.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(ROOT / "tests"))
+
+from ansible_run import latest_report, run_playbook
+
+BUSY, HEALTHY, FAILING = "molecule-fleet-busy", "molecule-fleet-healthy", "molecule-fleet-failing"
+# Paths inside the sandbox containers.
+SCONTROL_LOG = "/var/log/scontrol-standin.log"
+CUDA = "/usr/local/cuda-11.8"
+VENV = "/opt/tensorflow/2.12"
+# Both runs' inventories are folders named `inventory`: one report history (gpu_verify names the
+# report folder after the -i folder).
+INVENTORY = "inventory"
+JOB = "python3 pid 4242 (1024 MiB on GPU-89fdc1e1-18b2-f499-c12b-82bcb9bfb3fa)"
+GPU_COUNT_CAUSE = "4 GPUs expected"
+
+
+def inventory(folder: Path, order: list[str]) -> Path:
+    """An inventory folder with the hosts in ``order``, the sandbox's group_vars, Slurm's drain and
+    undrain commands as the hooks, and on the failing host a GPU count its PCI bus does not have."""
+    folder.mkdir(parents=True)
+    hosts = {
+        host: {"ansible_connection": "gpu_fleet.tf_hosts.podman_pipelined"}
+        | ({"gpu_verify_expected_gpu_count": 4} if host == FAILING else {})
+        for host in order
+    }
+    hooks = {
+        "gpu_rollout_drain_command": [
+            "scontrol",
+            "update",
+            "nodename={{ inventory_hostname }}",
+            "state=DRAIN",
+            "reason=gpu_fleet reprovision",
+        ],
+        "gpu_rollout_undrain_command": ["scontrol", "update", "nodename={{ inventory_hostname }}", "state=RESUME"],
+    }
+    (folder / "hosts.yml").write_text(json.dumps({"gpu_hosts": {"hosts": hosts, "vars": hooks}}))
+    (folder / "group_vars").symlink_to(ROOT / "inventories/sandbox/group_vars")
+    return folder
+
+
+def rollout(tmp: Path, reports: Path, order: list[str]) -> subprocess.CompletedProcess:
+    return run_playbook(
+        "playbooks/reprovision.yml",
+        inventory(tmp / INVENTORY, order),
+        "-e",
+        "gpu_rollout_serial=1",
+        "-e",
+        f"gpu_verify_report_dir={reports}",
+        timeout=600,
+    )
+
+
+def podman_exec(host: str, *argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["podman", "exec", host, *argv], capture_output=True, text=True)
+
+
+def scontrol_calls(host: str) -> list[str]:
+    done = podman_exec(host, "cat", SCONTROL_LOG)
+    return done.stdout.splitlines() if done.returncode == 0 else []
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("reports")
+
+
+@pytest.fixture(scope="module")
+def first(tmp_path_factory, reports) -> tuple[subprocess.CompletedProcess, dict]:
+    """busy -> healthy -> failing; the run and the last fleet report."""
+    run = rollout(tmp_path_factory.mktemp("first"), reports, [BUSY, HEALTHY, FAILING])
+    path = latest_report(reports, INVENTORY)
+    assert path.exists(), run.stdout[-6000:]
+    return run, json.loads(path.read_text())
+
+
+@pytest.fixture(scope="module")
+def second(tmp_path_factory, reports, first) -> tuple[subprocess.CompletedProcess, dict]:
+    """failing -> busy -> healthy, after the first run."""
+    run = rollout(tmp_path_factory.mktemp("second"), reports, [FAILING, BUSY, HEALTHY])
+    return run, json.loads(latest_report(reports, INVENTORY).read_text())
+
+
+def _position(text: str, needle: str) -> int:
+    assert needle in text, f"{needle!r} not in the output"
+    return text.index(needle)
+
+
+def test_batches_run_one_host_at_a_time_in_inventory_order(first):
+    run, _report = first
+    starts = [_position(run.stdout, f"Batch {n} of 3 ({host})") for n, host in enumerate([BUSY, HEALTHY, FAILING], 1)]
+    assert starts == sorted(starts)
+
+
+def test_the_busy_host_is_skipped_and_named(first):
+    run, report = first
+    assert f"Skipped: {BUSY}'s GPUs run compute processes: {JOB}." in run.stdout
+    entry = report["hosts"][BUSY]
+    assert entry["status"] == "SKIPPED"
+    assert entry["rows"][0]["status"].startswith(f"skipped: its GPUs run compute processes: {JOB}; it was not drained")
+    assert entry["rows"][0]["checks"]["verification"]["passed"] is None
+    # Nothing on it was touched: not drained, nothing installed.
+    assert scontrol_calls(BUSY) == []
+    assert podman_exec(BUSY, "test", "-e", CUDA).returncode != 0
+    assert podman_exec(BUSY, "test", "-e", VENV).returncode != 0
+
+
+def test_the_healthy_host_is_reprovisioned_verified_and_undrained(first):
+    _run, report = first
+    entry = report["hosts"][HEALTHY]
+    assert entry["status"] == "PASS", entry["problems"]
+    assert entry["results"][0]["fit"]["loss_end"] < entry["results"][0]["fit"]["loss_start"]
+    assert scontrol_calls(HEALTHY) == [
+        f"update nodename={HEALTHY} state=DRAIN reason=gpu_fleet reprovision",
+        f"update nodename={HEALTHY} state=RESUME",
+    ]
+
+
+def test_handlers_run_inside_the_healthy_hosts_batch_before_its_verification(first):
+    """nvidia_driver's reboot and gpu_env's ldconfig are handlers: each batch flushes them before
+    verifying (a container never reboots, so gpu_env's handler shows it)."""
+    run, _report = first
+    batch = _position(run.stdout, f"Batch 2 of 3 ({HEALTHY})")
+    handler = run.stdout.index("RUNNING HANDLER [gpu_fleet.tf_hosts.gpu_env : Refresh the dynamic linker cache]", batch)
+    verify = run.stdout.index("TASK [gpu_fleet.tf_hosts.gpu_verify : Run the checks", batch)
+    assert handler < verify < _position(run.stdout, f"Batch 3 of 3 ({FAILING})")
+
+
+def test_the_failing_host_stops_the_rollout_before_any_change(first):
+    run, report = first
+    assert run.returncode != 0
+    assert GPU_COUNT_CAUSE in run.stdout
+    assert re.search(rf"{FAILING}\s*: ok=\d+\s+changed=\d+\s+unreachable=0\s+failed=[1-9]", run.stdout)
+    entry = report["hosts"][FAILING]
+    assert entry["status"] == "FAIL"
+    assert GPU_COUNT_CAUSE in entry["problems"][0]["cause"]
+    # Its preflight stopped it: never drained, nothing installed.
+    assert scontrol_calls(FAILING) == []
+    assert podman_exec(FAILING, "test", "-e", CUDA).returncode != 0
+
+
+def test_each_batch_wrote_a_report_and_the_earlier_one_said_what_was_still_to_come(first, reports):
+    _run, report = first
+    runs = sorted(p for p in (reports / INVENTORY).iterdir() if p.name != "latest")
+    assert len(runs) == 2, runs  # batch 2 (healthy verified) and batch 3 (failing); batch 1 verified nothing
+    earlier = json.loads((runs[0] / "fleet-report.json").read_text())
+    assert earlier["hosts"][FAILING]["rows"][0]["status"].startswith("not reached yet: in batch 3 of 3")
+    assert earlier["hosts"][HEALTHY]["status"] == "PASS"
+    assert (report["summary"]["passed"], report["summary"]["failed"], report["summary"]["not_in_run"]) == (1, 1, 1)
+
+
+def test_the_junit_report_skips_the_busy_host(reports, first):
+    suite = ET.parse(latest_report(reports, INVENTORY, "fleet-report.junit.xml")).getroot()
+    busy = [case for case in suite.iter("testcase") if case.get("classname") == BUSY]
+    assert len(busy) == 1 and busy[0].find("skipped") is not None
+    assert JOB in busy[0].find("skipped").get("message")
+
+
+def test_hosts_after_the_failing_one_are_not_reached(second, first):
+    run, report = second
+    assert run.returncode != 0
+    assert "Batch 1 of 3 (molecule-fleet-failing)" in run.stdout
+    assert "Batch 2 of 3" not in run.stdout
+    generated = first[1]["generated_at"]
+    for host, last in ((BUSY, "never: unknown"), (HEALTHY, f"{generated}: PASS")):
+        entry = report["hosts"][host]
+        assert entry["status"] == "NOT REACHED"
+        assert entry["rows"][0]["status"] == (
+            f"not reached: the rollout stopped after {FAILING} failed (last seen {last})"
+        ), entry["rows"][0]["status"]
+    assert report["hosts"][FAILING]["status"] == "FAIL"
+    assert (report["summary"]["passed"], report["summary"]["failed"], report["summary"]["not_in_run"]) == (0, 1, 2)
+    # The healthy host was not touched again.
+    assert len(scontrol_calls(HEALTHY)) == 2
+
+
+def test_the_markdown_report_names_every_host(reports, second):
+    text = latest_report(reports, INVENTORY, "fleet-report.md").read_text()
+    for host in (BUSY, HEALTHY, FAILING):
+        assert host in text
+    assert f"not reached: the rollout stopped after {FAILING} failed" in text
