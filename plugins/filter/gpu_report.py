@@ -128,7 +128,8 @@ def gpu_verify_collect(all_hosts: list[str], hostvars: Any, alive_hosts: list[st
 
     Returns:
         ``{host: [document per stack]}``, the input of fleet_report.py; each document carries
-        ``preflight_overridden`` (gpu_preflight problems turned off by an override).  A host
+        ``preflight_overridden`` (gpu_preflight problems turned off by an override),
+        ``driver_reboot_required`` and ``driver_loaded_version`` (nvidia_driver's published facts).  A host
         without results maps to one document instead of a list (:func:`_no_results`).
     """
     report: dict[str, Any] = {}
@@ -138,8 +139,13 @@ def gpu_verify_collect(all_hosts: list[str], hostvars: Any, alive_hosts: list[st
         if not results:
             report[host] = _no_results(host, facts, alive_hosts)
             continue
-        overridden = facts.get("gpu_preflight_overridden") or []
-        report[host] = [dict(doc, preflight_overridden=overridden) for doc in results.values()]
+        extra = {
+            "preflight_overridden": facts.get("gpu_preflight_overridden") or [],
+            # Published by nvidia_driver: the loaded kernel module is not the installed driver.
+            "driver_reboot_required": bool(facts.get("nvidia_driver_reboot_required")),
+            "driver_loaded_version": facts.get("nvidia_driver_loaded_version") or None,
+        }
+        report[host] = [dict(doc, **extra) for doc in results.values()]
     return report
 
 

@@ -308,6 +308,19 @@ def test_input_is_not_modified() -> None:
     assert RESULTS == before
 
 
+def test_a_host_that_needs_a_reboot_says_so():
+    doc = dict(passing_doc(), driver_reboot_required=True, driver_loaded_version="520.61.05")
+    doc["expected"] = dict(doc["expected"], driver="535.104.05")
+    host = fleet_report.build_report({"gpu01": [doc]}, None)["hosts"]["gpu01"]
+    assert host["reboot_required"] is True
+    assert (
+        "reboot required: the loaded NVIDIA kernel module is 520.61.05, the installed driver 535.104.05; "
+        "reboot the host (or rerun with nvidia_driver_reboot_allowed: true)"
+    ) in host["mode_notes"]
+    calm = fleet_report.build_report({"gpu01": [passing_doc()]}, None)["hosts"]["gpu01"]
+    assert calm["reboot_required"] is False and not [n for n in calm["mode_notes"] if "reboot" in n]
+
+
 def test_overridden_preflight_checks_are_listed_in_the_notes():
     doc = dict(passing_doc(), preflight_overridden=[{"check": "noexec", "cause": "/tmp is noexec.", "fix": "x"}])
     report = fleet_report.build_report({"gpu01": [doc]}, None)

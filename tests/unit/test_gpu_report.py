@@ -44,6 +44,20 @@ def test_collect_lists_every_host_with_stacks_and_overrides():
     assert report["b"] == {"ok": False, "unreachable": True, "error": None, "failed": None, "connection": "ssh"}
 
 
+def test_collect_carries_the_drivers_reboot_facts():
+    hostvars = {
+        "a": {
+            "gpu_verify_results": {"tf2.12": {"ok": True}},
+            "nvidia_driver_reboot_required": True,
+            "nvidia_driver_loaded_version": "520.61.05",
+        },
+        "b": {"gpu_verify_results": {"tf2.12": {"ok": True}}},
+    }
+    report = gpu_report.gpu_verify_collect(["a", "b"], hostvars, ["a", "b"])
+    assert (report["a"][0]["driver_reboot_required"], report["a"][0]["driver_loaded_version"]) == (True, "520.61.05")
+    assert (report["b"][0]["driver_reboot_required"], report["b"][0]["driver_loaded_version"]) == (False, None)
+
+
 def test_collect_passes_the_connection_and_ansibles_message_of_a_host_that_left_the_play():
     hostvars = {
         "c1": {"ansible_connection": "containers.podman.podman"},

@@ -456,7 +456,20 @@ def _row_notes(doc: Any) -> dict[str, Any]:
             if isinstance(p, dict)
         ],
         "_unreachable": bool(_get(doc, "unreachable")),
+        "_reboot": _reboot_note(doc),
     }
+
+
+def _reboot_note(doc: Any) -> list[str]:
+    """'reboot required: ...' when nvidia_driver found the loaded module older or newer than the install."""
+    if not _get(doc, "driver_reboot_required"):
+        return []
+    loaded = _get(doc, "driver_loaded_version") or "another version"
+    return [
+        f"reboot required: the loaded NVIDIA kernel module is {loaded}, the installed driver "
+        f"{_get(doc, 'expected', 'driver') or 'differs'}; reboot the host (or rerun with "
+        "nvidia_driver_reboot_allowed: true)"
+    ]
 
 
 def _workers_cell(multiworker: Any) -> str:
@@ -544,10 +557,11 @@ def build_report(results: dict[str, Any], run_id: str | None, now: datetime.date
         hosts[host] = {
             "status": status,
             "unreachable": any(r["_unreachable"] for r in rows),
+            "reboot_required": any(r["_reboot"] for r in rows),
             "rows": [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows],
             "problems": [dict(p, stack=r["host"]) for r in rows for p in r["_problems"]],
             "mode_notes": sorted({r["_mode_note"] for r in rows if r["_mode_note"]})
-            + sorted({note for r in rows for note in r["_overridden"]})
+            + sorted({note for r in rows for note in r["_overridden"] + r["_reboot"]})
             + [r["_utilisation"] for r in rows if r["_utilisation"]]
             + [f"{r['host']}: {fact}" if len(rows) > 1 else fact for r in rows for fact in r["_facts"]],
             "results": docs,
