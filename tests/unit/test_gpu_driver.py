@@ -29,6 +29,29 @@ def ansible_env() -> dict[str, str]:
     return dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_HOME=str(ROOT / ".ansible"))
 
 
+def render(expression: str, *extra_vars: str) -> object:
+    """``expression`` as Ansible renders it (``ansible localhost -m debug``, the collection found by its
+    FQCN), with ``-e`` for each of ``extra_vars``."""
+    out = subprocess.run(
+        [
+            str(Path(sys.executable).with_name("ansible")),
+            "localhost",
+            "-m",
+            "ansible.builtin.debug",
+            "-a",
+            f"msg={expression}",
+            *[arg for extra in extra_vars for arg in ("-e", extra)],
+        ],
+        capture_output=True,
+        text=True,
+        env=dict(ansible_env(), ANSIBLE_STDOUT_CALLBACK="json", ANSIBLE_LOAD_CALLBACK_PLUGINS="1"),
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    return json.loads(out.stdout)["plays"][0]["tasks"][0]["hosts"]["localhost"]["msg"]
+
+
 @pytest.mark.parametrize(
     ("text", "expected"),
     [(PROPRIETARY, "520.61.05"), (OPEN_MODULE, "535.104.05"), ("", None), (None, None), ("GCC version: 12\n", None)],
@@ -60,45 +83,7 @@ def test_configure_yml_expression_through_ansible() -> None:
         "{{ [(proc | b64encode | b64decode | gpu_fleet.tf_hosts.gpu_driver_module_version) != '520.61.05',"
         " (proc | b64encode | b64decode | gpu_fleet.tf_hosts.gpu_driver_module_version) != '520.61.0'] }}"
     )
-    out = subprocess.run(
-        [
-            str(Path(sys.executable).with_name("ansible")),
-            "localhost",
-            "-m",
-            "ansible.builtin.debug",
-            "-a",
-            f"msg={expression}",
-            "-e",
-            json.dumps({"proc": PROPRIETARY}),
-        ],
-        capture_output=True,
-        text=True,
-        env=dict(ansible_env(), ANSIBLE_STDOUT_CALLBACK="json", ANSIBLE_LOAD_CALLBACK_PLUGINS="1"),
-        cwd=ROOT,
-        timeout=120,
-    )
-    assert out.returncode == 0, out.stdout + out.stderr
-    result = json.loads(out.stdout)["plays"][0]["tasks"][0]["hosts"]["localhost"]
-    assert result["msg"] == [False, True]
-
-
-def test_ansible_doc_renders_the_filter() -> None:
-    out = subprocess.run(
-        [
-            str(Path(sys.executable).with_name("ansible-doc")),
-            "-t",
-            "filter",
-            "gpu_fleet.tf_hosts.gpu_driver_module_version",
-        ],
-        capture_output=True,
-        text=True,
-        env=ansible_env(),
-        cwd=ROOT,
-        timeout=120,
-    )
-    assert out.returncode == 0, out.stderr
-    for text in ("gpu_driver_module_version", "/proc/driver/nvidia/version", "RETURN VALUES", "EXAMPLES"):
-        assert text in out.stdout, text
+    assert render(expression, json.dumps({"proc": PROPRIETARY})) == [False, True]
 
 
 # --- package sets: what each supported OS gets ----------------------------------------------------------
@@ -429,36 +414,28 @@ def test_package_method_filters_through_ansible() -> None:
         "facts | gpu_fleet.tf_hosts.gpu_driver_os_key, '535.104.05', 'no' | bool, true, false),"
         " 'auto' | gpu_fleet.tf_hosts.gpu_driver_method(record, true)] }}"
     )
-    out = subprocess.run(
-        [
-            str(Path(sys.executable).with_name("ansible")),
-            "localhost",
-            "-m",
-            "ansible.builtin.debug",
-            "-a",
-            f"msg={expression}",
-            "-e",
-            "@" + str(ROOT / "roles/nvidia_driver/vars/packages.yml"),
-            "-e",
-            json.dumps({"facts": ROCKY_9, "record": RECORD_0_10}),
-        ],
-        capture_output=True,
-        text=True,
-        env=dict(ansible_env(), ANSIBLE_STDOUT_CALLBACK="json", ANSIBLE_LOAD_CALLBACK_PLUGINS="1"),
-        cwd=ROOT,
-        timeout=120,
+    rendered, method = render(
+        expression,
+        "@" + str(ROOT / "roles/nvidia_driver/vars/packages.yml"),
+        json.dumps({"facts": ROCKY_9, "record": RECORD_0_10}),
     )
-    assert out.returncode == 0, out.stdout + out.stderr
-    rendered, method = json.loads(out.stdout)["plays"][0]["tasks"][0]["hosts"]["localhost"]["msg"]
     assert rendered["install"] == ["nvidia-driver-cuda-535.104.05", "nvidia-driver-cuda-libs-535.104.05"]
     assert rendered["kernel_modules"] is None and rendered["module_stream"] == "nvidia-driver:535-open"
     assert (method["method"], method["switch_from"]) == ("runfile", None)
 
 
 @pytest.mark.parametrize(
-    "name", ["gpu_driver_os_key", "gpu_driver_packages", "gpu_driver_missing_packages", "gpu_driver_method"]
+    ("name", "text"),
+    [
+        ("gpu_driver_module_version", "/proc/driver/nvidia/version"),
+        ("gpu_driver_os_key", "Debian-12"),
+        ("gpu_driver_packages", "hold"),
+        ("gpu_driver_missing_packages", "package_facts"),
+        ("gpu_driver_method", "nvidia-uninstall"),
+        ("gpu_driver_repository", "signed-by"),
+    ],
 )
-def test_ansible_doc_renders_the_package_method_filters(name: str) -> None:
+def test_ansible_doc_renders_each_filter(name: str, text: str) -> None:
     out = subprocess.run(
         [str(Path(sys.executable).with_name("ansible-doc")), "-t", "filter", f"gpu_fleet.tf_hosts.{name}"],
         capture_output=True,
@@ -468,8 +445,8 @@ def test_ansible_doc_renders_the_package_method_filters(name: str) -> None:
         timeout=120,
     )
     assert out.returncode == 0, out.stderr
-    for text in (name, "RETURN VALUES", "EXAMPLES"):
-        assert text in out.stdout, text
+    for expected in (name, text, "RETURN VALUES", "EXAMPLES"):
+        assert expected in out.stdout, expected
 
 
 # --- repository files: what each supported OS gets -------------------------------------------------------
