@@ -33,6 +33,24 @@ OS_KEYS = ("Debian-12", "Ubuntu-22", "Ubuntu-24", "RedHat-9")
 SET_FIELDS = ("manager", "version", "userspace", "kernel", "fabricmanager", "fabricmanager_service", "hold")
 VERSION_SPEC = {"apt": "{name}={version}", "dnf": "{name}-{version}"}
 METHODS = ("package", "runfile")
+# How each hold method holds and releases packages, and how its output tells a new hold from an old
+# one: apt-mark(8) ("hold", "unhold"; prints "<pkg> set on hold." or "<pkg> was already set on hold.")
+# and dnf's versionlock plugin (dnf-plugins-core, "dnf versionlock"; "add" prints "Adding versionlock
+# on: <spec>" for a new lock). apt holds names; versionlock locks the exact name-version specs.
+HOLD_METHODS = {
+    "dpkg_selections": {
+        "hold": ["apt-mark", "hold"],
+        "release": ["apt-mark", "unhold"],
+        "items": "names",
+        "changed": r"(?m)^\S+ set on hold\.$",
+    },
+    "versionlock": {
+        "hold": ["dnf", "versionlock", "add"],
+        "release": ["dnf", "versionlock", "delete"],
+        "items": "install",
+        "changed": "Adding versionlock on",
+    },
+}
 DONE_RECORD = "/var/lib/gpu_fleet/nvidia_driver.done"
 
 
@@ -72,10 +90,11 @@ def _package_set(sets: dict | None, os_key: str | None) -> dict:
         )
     package_set = sets[os_key]
     missing = [field for field in SET_FIELDS if field not in package_set]
-    if missing or package_set["manager"] not in VERSION_SPEC:
+    if missing or package_set["manager"] not in VERSION_SPEC or package_set["hold"] not in HOLD_METHODS:
         raise AnsibleFilterError(
-            f"The driver package set {os_key} lacks {', '.join(missing) or 'a known manager'} (manager must be apt "
-            "or dnf); complete it in nvidia_driver's vars/packages.yml."
+            f"The driver package set {os_key} lacks {', '.join(missing) or 'a known manager or hold method'} "
+            "(manager must be apt or dnf, hold dpkg_selections or versionlock); complete it in nvidia_driver's "
+            "vars/packages.yml."
         )
     return package_set
 
@@ -122,11 +141,13 @@ def gpu_driver_packages(
     """``{{ __sets | gpu_fleet.tf_hosts.gpu_driver_packages(os_key, version, kernel_modules, kernel_open,
     fabricmanager) }}``: what the package method installs and holds on one host.
 
-    Returns ``{os_key, manager, branch, install, names, versions, hold, hold_method, hold_requires,
-    kernel_modules, module_stream, fabricmanager_service, unattended_upgrades_blacklist, repository}``:
+    Returns ``{os_key, manager, branch, install, names, versions, hold, hold_method, hold_command,
+    hold_changed, release_command, hold_requires, kernel_modules, module_stream, fabricmanager_service, unattended_upgrades_blacklist, repository}``:
     ``install`` the exact-version specs (apt ``name=VER``, dnf ``name-VER``), ``names`` the same
     packages by name, ``versions`` name to package version, ``kernel_modules`` ``open``/``proprietary``
-    or None (a container: no kernel packages), ``fabricmanager_service`` None unless ``fabricmanager``.
+    or None (a container: no kernel packages), ``fabricmanager_service`` None unless ``fabricmanager``,
+    ``hold_command``/``release_command`` the argv that holds/releases them and ``hold_changed`` the
+    regular expression that finds a new hold in the hold command's output.
 
     Raises:
         AnsibleFilterError: an OS key without a set, an incomplete set, a version that is no driver
@@ -141,15 +162,20 @@ def gpu_driver_packages(
     spec = VERSION_SPEC[package_set["manager"]]
     names = [name for name, _version in wanted]
     stream = (package_set.get("module_stream") or {}).get(kind)
+    install = [spec.format(name=name, version=package_version) for name, package_version in wanted]
+    hold = HOLD_METHODS[package_set["hold"]]
     return {
         "os_key": os_key,
         "manager": package_set["manager"],
         "branch": branch,
-        "install": [spec.format(name=name, version=package_version) for name, package_version in wanted],
+        "install": install,
         "names": names,
         "versions": dict(wanted),
         "hold": list(names),
         "hold_method": package_set["hold"],
+        "hold_command": hold["hold"] + (install if hold["items"] == "install" else names),
+        "hold_changed": hold["changed"],
+        "release_command": hold["release"] + names,
         "hold_requires": list(package_set.get("hold_requires") or []),
         "kernel_modules": kind if kernel else None,
         "module_stream": stream.format(branch=branch) if stream else None,

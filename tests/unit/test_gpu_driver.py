@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -498,3 +499,45 @@ def test_repository_needs_a_known_manager_and_a_url() -> None:
         gpu_driver.gpu_driver_repository({"manager": "zypper"})
     with pytest.raises(AnsibleFilterError, match="set nvidia_driver_package_repository_url"):
         gpu_driver.gpu_driver_repository({"manager": "apt", "repository": {}})
+
+
+# --- hold commands: how each supported OS holds and releases the packages --------------------------------
+
+
+def test_apt_holds_names_and_says_which_are_new() -> None:
+    debian = packages(DEBIAN_12, kernel_modules=False)
+    names = ["nvidia-driver-cuda", "libcuda1", "libnvidia-ml1", "nvidia-smi"]
+    assert debian["hold_command"] == ["apt-mark", "hold", *names]
+    assert debian["release_command"] == ["apt-mark", "unhold", *names]
+    assert debian["hold_requires"] == []
+    new = re.compile(debian["hold_changed"])
+    assert new.search("libcuda1 was already set on hold.\nnvidia-smi set on hold.\n")
+    assert not new.search("libcuda1 was already set on hold.\nnvidia-smi was already set on hold.\n")
+
+
+@pytest.mark.parametrize("facts", [UBUNTU_2204, UBUNTU_2404])
+def test_ubuntu_holds_its_own_branch_names(facts: dict) -> None:
+    ubuntu = packages(facts, kernel_modules=False)
+    assert ubuntu["hold_command"][:2] == ["apt-mark", "hold"]
+    assert "libnvidia-compute-535" in ubuntu["hold_command"]
+
+
+def test_dnf_locks_exact_versions_with_the_versionlock_plugin() -> None:
+    rocky = packages(ROCKY_9, kernel_modules=False)
+    assert rocky["hold_command"] == [
+        "dnf",
+        "versionlock",
+        "add",
+        "nvidia-driver-cuda-535.104.05",
+        "nvidia-driver-cuda-libs-535.104.05",
+    ]
+    assert rocky["release_command"] == ["dnf", "versionlock", "delete", "nvidia-driver-cuda", "nvidia-driver-cuda-libs"]
+    assert rocky["hold_requires"] == ["python3-dnf-plugin-versionlock"]
+    assert re.search(rocky["hold_changed"], "Adding versionlock on: nvidia-driver-cuda-0:535.104.05-1.el9.*")
+    assert not re.search(rocky["hold_changed"], "Package already locked in equivalent form: nvidia-driver-cuda")
+
+
+def test_an_unknown_hold_method_is_refused() -> None:
+    sets = {"Debian-12": dict(SETS["Debian-12"], hold="pin")}
+    with pytest.raises(AnsibleFilterError, match="hold dpkg_selections or versionlock"):
+        gpu_driver.gpu_driver_packages(sets, "Debian-12", VERSION, False)
