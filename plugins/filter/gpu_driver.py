@@ -33,6 +33,24 @@ OS_KEYS = ("Debian-12", "Ubuntu-22", "Ubuntu-24", "RedHat-9")
 SET_FIELDS = ("manager", "version", "userspace", "kernel", "fabricmanager", "fabricmanager_service", "hold")
 VERSION_SPEC = {"apt": "{name}={version}", "dnf": "{name}-{version}"}
 METHODS = ("package", "runfile")
+# Each package manager's refresh of its package lists, and a dry run of an install that changes nothing
+# but fails as the install would (apt-get(8) "-s, --simulate"; dnf(8) "--setopt=tsflags=test" runs the
+# transaction check only).
+MANAGER_COMMANDS = {
+    "apt": {
+        "refresh": ["apt-get", "update"],
+        "dry_run": [
+            "apt-get",
+            "install",
+            "--simulate",
+            "--allow-downgrades",
+            "--allow-change-held-packages",
+            "-o",
+            "APT::Install-Recommends=no",
+        ],
+    },
+    "dnf": {"refresh": ["dnf", "makecache"], "dry_run": ["dnf", "install", "-y", "--setopt=tsflags=test"]},
+}
 # How each hold method holds and releases packages, and how its output tells a new hold from an old
 # one: apt-mark(8) ("hold", "unhold"; prints "<pkg> set on hold." or "<pkg> was already set on hold.")
 # and dnf's versionlock plugin (dnf-plugins-core, "dnf versionlock"; "add" prints "Adding versionlock
@@ -130,6 +148,15 @@ def _wanted(package_set: dict, kind: str, version: str, kernel: bool, fabricmana
     return [(name, package_version) for names, package_version in groups for name in names]
 
 
+def _any_branch_pattern(package_set: dict) -> str:
+    """A regular expression for every package name the set can give, of any branch and module kind."""
+    kernel = package_set.get("kernel") or {}
+    templates = [*package_set["userspace"], *kernel.get("proprietary", []), *kernel.get("open", [])]
+    templates += package_set["fabricmanager"]
+    names = sorted({re.escape(name).replace(re.escape("{branch}"), r"\d+") for name in templates})
+    return "^(" + "|".join(names) + ")$"
+
+
 def gpu_driver_packages(
     sets: dict,
     os_key: str | None,
@@ -142,12 +169,14 @@ def gpu_driver_packages(
     fabricmanager) }}``: what the package method installs and holds on one host.
 
     Returns ``{os_key, manager, branch, install, names, versions, hold, hold_method, hold_command,
-    hold_changed, release_command, hold_requires, kernel_modules, module_stream, fabricmanager_service, unattended_upgrades_blacklist, repository}``:
+    hold_changed, release_command, any_branch_pattern, hold_requires, kernel_modules, module_stream,
+    fabricmanager_service, unattended_upgrades_blacklist, refresh_command, dry_run_command, repository}``:
     ``install`` the exact-version specs (apt ``name=VER``, dnf ``name-VER``), ``names`` the same
     packages by name, ``versions`` name to package version, ``kernel_modules`` ``open``/``proprietary``
     or None (a container: no kernel packages), ``fabricmanager_service`` None unless ``fabricmanager``,
-    ``hold_command``/``release_command`` the argv that holds/releases them and ``hold_changed`` the
-    regular expression that finds a new hold in the hold command's output.
+    ``hold_command``/``release_command`` the argv that holds/releases them, ``hold_changed`` the
+    regular expression that finds a new hold in the hold command's output and ``any_branch_pattern``
+    one that matches the set's names of any branch and module kind.
 
     Raises:
         AnsibleFilterError: an OS key without a set, an incomplete set, a version that is no driver
@@ -163,7 +192,6 @@ def gpu_driver_packages(
     names = [name for name, _version in wanted]
     stream = (package_set.get("module_stream") or {}).get(kind)
     install = [spec.format(name=name, version=package_version) for name, package_version in wanted]
-    hold = HOLD_METHODS[package_set["hold"]]
     return {
         "os_key": os_key,
         "manager": package_set["manager"],
@@ -171,17 +199,33 @@ def gpu_driver_packages(
         "install": install,
         "names": names,
         "versions": dict(wanted),
+        "hold_requires": list(package_set.get("hold_requires") or []),
+        "kernel_modules": kind if kernel else None,
+        "module_stream": stream.format(branch=branch) if stream else None,
+        "fabricmanager_service": package_set["fabricmanager_service"] if with_fabric else None,
+        "repository": dict(package_set.get("repository") or {}),
+        **_commands(package_set, install, names),
+    }
+
+
+def _commands(package_set: dict, install: list[str], names: list[str]) -> dict[str, Any]:
+    """The hold, release, refresh and dry-run commands of :func:`gpu_driver_packages`."""
+    hold = HOLD_METHODS[package_set["hold"]]
+    manager = MANAGER_COMMANDS[package_set["manager"]]
+    return {
         "hold": list(names),
         "hold_method": package_set["hold"],
         "hold_command": hold["hold"] + (install if hold["items"] == "install" else names),
         "hold_changed": hold["changed"],
         "release_command": hold["release"] + names,
-        "hold_requires": list(package_set.get("hold_requires") or []),
-        "kernel_modules": kind if kernel else None,
-        "module_stream": stream.format(branch=branch) if stream else None,
-        "fabricmanager_service": package_set["fabricmanager_service"] if with_fabric else None,
-        "unattended_upgrades_blacklist": list(package_set.get("unattended_upgrades_blacklist") or []),
-        "repository": dict(package_set.get("repository") or {}),
+        # Held packages of another branch or module kind (nvidia-fabricmanager-520 before a 535 pin) block
+        # the new ones, which conflict with them: the role releases the held ones this matches, minus names.
+        "any_branch_pattern": _any_branch_pattern(package_set),
+        # Exactly the held names: a prefix such as ^nvidia- would also keep security updates from
+        # nvidia-container-toolkit or libnvidia-container1.
+        "unattended_upgrades_blacklist": [f"^{re.escape(name)}$" for name in names] if hold["items"] == "names" else [],
+        "refresh_command": manager["refresh"],
+        "dry_run_command": manager["dry_run"] + install,
     }
 
 
@@ -224,14 +268,19 @@ def _recorded(record_text: str | None) -> tuple[str | None, str | None]:
     return lines[0], method
 
 
-def gpu_driver_method(requested: Any, record_text: str | None, runfile_present: Any) -> dict[str, Any]:
-    """``{{ nvidia_driver_method | gpu_fleet.tf_hosts.gpu_driver_method(record_text, runfile_present) }}``.
+def gpu_driver_method(
+    requested: Any, record_text: str | None, runfile_present: Any, driver_present: Any = False
+) -> dict[str, Any]:
+    """``{{ nvidia_driver_method | gpu_fleet.tf_hosts.gpu_driver_method(record_text, runfile_present,
+    driver_present) }}``.
 
     The host's method now: ``runfile`` when NVIDIA's uninstaller (``/usr/bin/nvidia-uninstall``) is
     there, since the runfile's files are then on the host whatever the record says; else the method
     of the completion record; else none. ``auto`` keeps it, or takes ``package`` on a host without a
     driver; ``package`` and ``runfile`` are taken as asked, with ``switch_from`` naming the method
-    to remove first when the host has the other one.
+    to remove first when the host has the other one. ``auto`` on a host with a driver this role did
+    not install (``driver_present``: ``libcuda.so.1`` is there, but neither a record nor the
+    uninstaller) is an error: the role cannot tell which method would not fight it.
 
     Returns ``{method, switch_from, current, recorded_version}``.
     """
@@ -242,6 +291,13 @@ def gpu_driver_method(requested: Any, record_text: str | None, runfile_present: 
         )
     version, recorded = _recorded(record_text)
     current = "runfile" if _flag(runfile_present, "runfile_present") else recorded
+    if request == "auto" and current is None and _flag(driver_present, "driver_present"):
+        raise AnsibleFilterError(
+            "nvidia_driver_method is auto and this host has an NVIDIA driver that this role did not install "
+            "(libcuda.so.1 is there, with no completion record and no nvidia-uninstall); installing NVIDIA's "
+            "packages or runfile over it would mix two drivers. Set nvidia_driver_method: package (its packages "
+            "replace a packaged driver of the same names) or runfile for this host, or remove the other driver first."
+        )
     method = (current or "package") if request == "auto" else request
     return {
         "method": method,
@@ -257,7 +313,7 @@ def gpu_driver_method(requested: Any, record_text: str | None, runfile_present: 
 REPOSITORY_FILES = {
     "apt": {
         "path": "/etc/apt/sources.list.d/gpu-fleet-nvidia-driver.list",
-        "key_path": "/usr/share/keyrings/gpu-fleet-nvidia-driver.asc",
+        "key_path": "/etc/apt/keyrings/gpu-fleet-nvidia-driver.asc",
     },
     "dnf": {
         "path": "/etc/yum.repos.d/gpu-fleet-nvidia-driver.repo",
@@ -266,22 +322,31 @@ REPOSITORY_FILES = {
 }
 
 
-def gpu_driver_repository(packages: dict[str, Any], url: str = "") -> dict[str, str]:
-    """``{{ packages | gpu_fleet.tf_hosts.gpu_driver_repository(url) }}``: the repository file of the
-    package method, ``{path, content, key_path, key_url}``; ``url`` (a site mirror) replaces NVIDIA's."""
-    manager = packages.get("manager")
+def gpu_driver_repository(packages: dict[str, Any], url: str = "", key_file: str = "") -> dict[str, str]:
+    """``{{ packages | gpu_fleet.tf_hosts.gpu_driver_repository(url, key_file) }}``: the repository file of
+    the package method, ``{path, content, key_path, key_url, url}``; ``url`` (a site mirror) replaces
+    NVIDIA's. apt reads a binary keyring only under a ``.gpg`` name and an armored one only under
+    ``.asc`` (sources.list(5), "Signed-By"): a ``key_file`` named ``*.gpg`` keeps that extension."""
+    manager = (packages or {}).get("manager")
     if manager not in REPOSITORY_FILES:
         raise AnsibleFilterError(
             f"No repository file is known for the package manager {manager!r}. Pass the result of "
             "gpu_driver_packages (manager apt or dnf)."
         )
-    files = REPOSITORY_FILES[manager]
+    files = dict(REPOSITORY_FILES[manager])
+    if manager == "apt" and str(key_file).endswith(".gpg"):
+        files["key_path"] = files["key_path"].removesuffix(".asc") + ".gpg"
     repository = packages.get("repository") or {}
     base = str(url or repository.get("url") or "")
     if not base:
         raise AnsibleFilterError(
             "The driver repository has no URL: set nvidia_driver_package_repository_url, or give the OS's "
             "package set a repository url in vars/packages.yml."
+        )
+    if any(char.isspace() or char in "[]" for char in base):
+        raise AnsibleFilterError(
+            f"The driver repository URL {base!r} has a space or a bracket, which would break the package manager's "
+            "source line; set nvidia_driver_package_repository_url to a plain URL."
         )
     if manager == "apt":
         content = f"deb [signed-by={files['key_path']}] {base} /\n"
@@ -299,6 +364,7 @@ def gpu_driver_repository(packages: dict[str, Any], url: str = "") -> dict[str, 
         "content": content,
         "key_path": files["key_path"],
         "key_url": str(repository.get("key_url") or ""),
+        "url": base,
     }
 
 

@@ -185,7 +185,12 @@ def test_debian_12_gets_the_compute_only_packages_at_the_exact_version() -> None
     assert (result["kernel_modules"], result["module_stream"], result["fabricmanager_service"]) == ("open", None, None)
     assert result["repository"]["url"] == "https://developer.download.nvidia.com/compute/cuda/repos/debian12/x86_64/"
     assert result["repository"]["key_file"] == "3bf863cc.pub"
-    assert "^nvidia-" in result["unattended_upgrades_blacklist"]
+    # Exactly the held packages, nothing that merely shares a prefix (nvidia-container-toolkit).
+    blacklist = [re.compile(pattern) for pattern in result["unattended_upgrades_blacklist"]]
+    assert [name for name in result["names"] if not any(p.match(name) for p in blacklist)] == []
+    assert not any(p.match(other) for p in blacklist for other in ("nvidia-container-toolkit", "libcuda1-dbg"))
+    assert result["dry_run_command"][:3] == ["apt-get", "install", "--simulate"]
+    assert result["dry_run_command"][-len(result["install"]) :] == result["install"]
 
 
 def test_debian_12_proprietary_modules_and_fabric_manager() -> None:
@@ -467,9 +472,10 @@ def test_apt_repository_file(facts: dict, folder: str, key: str) -> None:
     repo = gpu_driver.gpu_driver_repository(packages(facts))
     assert repo == {
         "path": "/etc/apt/sources.list.d/gpu-fleet-nvidia-driver.list",
-        "content": f"deb [signed-by=/usr/share/keyrings/gpu-fleet-nvidia-driver.asc] {NVIDIA_REPOS}/{folder}/x86_64/ /\n",
-        "key_path": "/usr/share/keyrings/gpu-fleet-nvidia-driver.asc",
+        "content": f"deb [signed-by=/etc/apt/keyrings/gpu-fleet-nvidia-driver.asc] {NVIDIA_REPOS}/{folder}/x86_64/ /\n",
+        "key_path": "/etc/apt/keyrings/gpu-fleet-nvidia-driver.asc",
         "key_url": f"{NVIDIA_REPOS}/{folder}/x86_64/{key}",
+        "url": f"{NVIDIA_REPOS}/{folder}/x86_64/",
     }
 
 
@@ -491,7 +497,28 @@ def test_dnf_repository_file(facts: dict) -> None:
 def test_a_site_mirror_replaces_nvidias_url() -> None:
     mirror = "https://mirror.example.internal/nvidia/debian12/"
     repo = gpu_driver.gpu_driver_repository(packages(DEBIAN_12), mirror)
-    assert repo["content"] == f"deb [signed-by=/usr/share/keyrings/gpu-fleet-nvidia-driver.asc] {mirror} /\n"
+    assert repo["content"] == f"deb [signed-by=/etc/apt/keyrings/gpu-fleet-nvidia-driver.asc] {mirror} /\n"
+
+
+def test_a_binary_keyring_keeps_its_gpg_name() -> None:
+    repo = gpu_driver.gpu_driver_repository(packages(DEBIAN_12), "", "/srv/keys/cuda-archive-keyring.gpg")
+    assert repo["key_path"] == "/etc/apt/keyrings/gpu-fleet-nvidia-driver.gpg"
+    assert "[signed-by=/etc/apt/keyrings/gpu-fleet-nvidia-driver.gpg]" in repo["content"]
+
+
+@pytest.mark.parametrize("url", ["https://mirror/nvidia debian12/", "https://mirror/[x]/"])
+def test_a_mirror_url_that_would_break_the_source_line_is_refused(url: str) -> None:
+    with pytest.raises(AnsibleFilterError, match="a space or a bracket"):
+        gpu_driver.gpu_driver_repository(packages(DEBIAN_12), url)
+
+
+def test_auto_stops_on_a_driver_this_role_did_not_install() -> None:
+    with pytest.raises(AnsibleFilterError, match="has an NVIDIA driver that this role did not install"):
+        gpu_driver.gpu_driver_method("auto", "", False, True)
+    # Asked explicitly, or recorded, or from the runfile: the method is known.
+    assert gpu_driver.gpu_driver_method("package", "", False, True)["method"] == "package"
+    assert gpu_driver.gpu_driver_method("auto", "520.61.05\npackage\n", False, True)["method"] == "package"
+    assert gpu_driver.gpu_driver_method("auto", "", True, True)["method"] == "runfile"
 
 
 def test_repository_needs_a_known_manager_and_a_url() -> None:
@@ -541,3 +568,21 @@ def test_an_unknown_hold_method_is_refused() -> None:
     sets = {"Debian-12": dict(SETS["Debian-12"], hold="pin")}
     with pytest.raises(AnsibleFilterError, match="hold dpkg_selections or versionlock"):
         gpu_driver.gpu_driver_packages(sets, "Debian-12", VERSION, False)
+
+
+@pytest.mark.parametrize(
+    ("facts", "replaced", "kept"),
+    [
+        (DEBIAN_12, ["nvidia-fabricmanager-520", "nvidia-kernel-dkms", "libcuda1"], ["nvidia-container-toolkit"]),
+        (
+            UBUNTU_2204,
+            ["nvidia-fabricmanager-470", "libnvidia-compute-525", "nvidia-dkms-550-open"],
+            ["nvidia-docker2"],
+        ),
+        (ROCKY_9, ["nvidia-fabric-manager", "kmod-nvidia-latest-dkms"], ["nvidia-container-toolkit-base"]),
+    ],
+)
+def test_any_branch_pattern_finds_the_earlier_pins_packages_only(facts: dict, replaced: list, kept: list) -> None:
+    pattern = re.compile(packages(facts, fabricmanager=True)["any_branch_pattern"])
+    assert [name for name in replaced if not pattern.match(name)] == []
+    assert [name for name in kept if pattern.match(name)] == []

@@ -1,6 +1,7 @@
 """Both hosts after converge, idempotence and side_effect (upgrade to 535.104.05, then downgrade):
 the 520.61.05 packages from the stand-in repository, held, recorded, out of unattended upgrades;
-the switched host has no runfile driver left (testinfra, podman backend)."""
+the switched host has no runfile driver left; the new host also has the fabric manager of the
+driver's branch and version (testinfra, podman backend)."""
 
 from __future__ import annotations
 
@@ -56,3 +57,14 @@ def test_unattended_upgrades_leave_the_driver_alone(host):
     for name in PACKAGES:
         assert any(re.match(pattern, name) for pattern in patterns), (name, patterns)
     assert not any(re.match(pattern, "python3") for pattern in patterns)
+
+
+def test_fabric_manager_at_the_drivers_version_where_asked(host):
+    wanted = host.backend.get_hostname() == "molecule-drvpkg-new"
+    package = host.package("nvidia-fabricmanager-520")
+    assert package.is_installed == wanted
+    assert not host.package("nvidia-fabricmanager-535").is_installed
+    if wanted:
+        assert package.version == f"{DRIVER}-1"
+        assert "nvidia-fabricmanager-520" in host.check_output("apt-mark showhold").split()
+        assert host.check_output("nv-fabricmanager --version").strip() == f"Fabric Manager version is : {DRIVER}"
