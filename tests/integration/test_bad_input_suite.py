@@ -187,6 +187,21 @@ CASES = [
         ("NVIDIA-Linux-x86_64-535.104.05.run has no sha256", "unpinned files are never installed"),
     ),
     Case(
+        "driver_method_misspelt",
+        {"nvidia_driver_method": "packages"},
+        ("nvidia_driver_method", "auto, package, runfile"),
+    ),
+    Case(
+        "driver_package_key_missing",
+        {"nvidia_driver_method": "package"},
+        ("needs its signing key and none is configured", "set nvidia_driver_package_repository_key"),
+    ),
+    Case(
+        "driver_package_key_not_a_file",
+        {"nvidia_driver_method": "package", "nvidia_driver_package_repository_key": "/nonexistent/3bf863cc.pub"},
+        ("the key file /nonexistent/3bf863cc.pub is not a file on the controller", "key_download_allowed: true"),
+    ),
+    Case(
         "driver_version_latest",
         {"nvidia_driver_version": "latest"},
         ("nvidia_driver_version 'latest' is not an exact driver version", "535.104.05"),
