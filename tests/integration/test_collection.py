@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import tarfile
@@ -204,7 +205,8 @@ def test_the_driver_is_not_reinstalled_under_running_jobs(converged, tmp_path):
                 name,
                 "sh",
                 "-c",
-                f"mv /root/gpus.json.saved /etc/nvidia-standin/gpus.json && echo {version} > {record}",
+                # The record has two lines (version, method): printf keeps them as they were.
+                f"mv /root/gpus.json.saved /etc/nvidia-standin/gpus.json && printf '%s\\n' {shlex.quote(version)} > {record}",
             ],
             check=True,
         )
