@@ -278,10 +278,35 @@ def cuda_half_installed(host: str) -> bool:
     return running(host, "[c]uda-installer") and exists(host, f"{CUDA}/version.json")
 
 
+# Prints how many of the lock's distributions the venv holds, and how many the lock names. pip
+# installs a lock with --no-deps in the lock's (alphabetical) order, so TensorFlow itself may come
+# before some of its dependencies: "half done" is measured against the lock, not by one package.
+LOCK_PROGRESS = f"""
+import importlib.metadata as m, re
+norm = lambda name: re.sub(r'[-_.]+', '-', name).lower()
+try:
+    lines = open('{VENV}/tf-lock.txt').read().splitlines()
+except FileNotFoundError:
+    lines = []
+pins = {{norm(l.split('==')[0]) for l in lines if '==' in l and not l.startswith((' ', '#'))}}
+have = {{norm(d.metadata['Name']) for d in m.distributions(path=['{SITE_PACKAGES}']) if d.metadata['Name']}}
+print(len(pins & have), len(pins))
+"""
+
+
+def lock_progress(host: str) -> tuple[int, int]:
+    """(distributions of the lock installed, distributions the lock names); (0, 0) without a lock."""
+    probe = ["podman", "exec", host, "python3", "-c", LOCK_PROGRESS]
+    out = subprocess.run(probe, capture_output=True, text=True).stdout.split()
+    return (int(out[0]), int(out[1])) if len(out) == 2 else (0, 0)
+
+
 def pip_half_done(host: str) -> bool:
-    """pip is installing: some of TensorFlow's dependencies are in, TensorFlow itself is not."""
-    listing = sh(host, f"ls {SITE_PACKAGES} 2>/dev/null | grep -c 'dist-info$'").stdout.strip() or "0"
-    return running(host, "bin/[p]ip") and int(listing) >= 6
+    """pip is installing the lock: at least 6 of its distributions are in, and not all of them."""
+    if not running(host, "bin/[p]ip"):
+        return False
+    installed, named = lock_progress(host)
+    return 6 <= installed < named
 
 
 def fit_running(host: str) -> bool:
@@ -330,7 +355,9 @@ def first_pass(host: str, inventory: Path, reports: Path) -> None:
 
     play(host, inventory, reports, Point(PIP_TASK, pip_half_done))
     assert f"{CUDA}/lib64/libcudart.so.11.0" in sh(host, "ldconfig -p").stdout, "the loader cache stayed stale"
-    assert sh(host, f"ls -d {SITE_PACKAGES}/tensorflow_cpu-*.dist-info").returncode != 0
+    installed, named = lock_progress(host)
+    assert 0 < installed < named, f"precondition: pip killed half-way through the lock ({installed} of {named})"
+    assert not exists(host, f"{VENV}/tf-lock.sha256"), "the lock was recorded as installed in full"
 
     run = play(host, inventory, reports, Point(VERIFY_PLAY))
     assert run.status(PIP_TASK) == "changed", "the interrupted pip install was taken as complete"
