@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -91,6 +93,57 @@ def test_empty_environment_loads_cudnn_and_cudart(host):
     out = host.run(f'env -i {VENV}/bin/python -c "{code}"')
     assert out.rc == 0, out.stderr
     assert out.stdout.split() == ["8600", "11080"]
+
+
+# The stack's own interpreter binds itself (tf_venv's tf_stack.pth): in each context the loader path
+# starts with the stack's lib64 and the libraries come from there.
+BOUND_PROBE = (
+    "import ctypes, os; ctypes.CDLL('libcudnn.so.8'); ctypes.CDLL('libcudart.so.11.0');"
+    "print(os.environ['LD_LIBRARY_PATH'].split(':')[0]);"
+    "print(sorted({l.split()[-1] for l in open('/proc/self/maps') if 'libcud' in l}))"
+)
+PROBE_ARG = shlex.quote(BOUND_PROBE)
+CONTEXTS = {
+    "direct": f"{VENV}/bin/python -c {PROBE_ARG}",
+    "cron-like empty environment": f"env -i {VENV}/bin/python -c {PROBE_ARG}",
+    "sudo to another user": f"sudo -u nobody {VENV}/bin/python -c {PROBE_ARG}",
+    "activated shell": "sh -c " + shlex.quote(f". {VENV}/bin/activate && python -c {PROBE_ARG}"),
+    "tf-stack run": f"tf-stack run tf2.12 -- python -c {PROBE_ARG}",
+}
+
+
+def test_each_context_binds_the_venv_to_its_stack(host):
+    for context, command in CONTEXTS.items():
+        out = host.run(command)
+        assert out.rc == 0, (context, out.stderr)
+        first, files = out.stdout.splitlines()
+        assert first == f"{CUDA}/lib64", context
+        paths = ast.literal_eval(files)
+        assert len(paths) == 2 and all(path.startswith(f"{CUDA}/") for path in paths), (context, paths)
+
+
+def test_tf_stack_lists_the_stack_as_default_and_healthy(host):
+    out = host.run("tf-stack list")
+    assert out.rc == 0, out.stdout + out.stderr
+    assert out.stdout.splitlines()[1].split() == [
+        "*",
+        "tf2.12",
+        "2.12.1",
+        host.run(f"{VENV}/bin/python -c 'import platform; print(platform.python_version())'").stdout.strip(),
+        "11.8.0",
+        "8.6.0.163",
+        VENV,
+        "ok",
+    ]
+    assert host.file("/etc/tf-stacks/tf2.12.env").linked_to == f"{VENV}/tf-stack.env"
+
+
+def test_tf_stack_probe_loads_the_stack_libraries(host):
+    out = host.run("tf-stack probe tf2.12")
+    assert out.rc == 0, out.stderr
+    found = json.loads(out.stdout)
+    assert (found["cudaRuntimeGetVersion"], found["cudnnGetVersion"]) == (11080, 8600)
+    assert found["files"] and all(path.startswith(f"{CUDA}/") for path in found["files"])
 
 
 def test_venv_has_pinned_tensorflow(host):

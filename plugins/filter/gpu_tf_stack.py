@@ -1,0 +1,78 @@
+"""Filters for binding each TensorFlow venv to its own stack (roles/tf_venv, files/tf_stack.py).
+
+``gpu_tf_stack_env``: a resolved stack -> the ``{KEY: value}`` of its environment file
+(``<venv>/tf-stack.env``, linked from ``/etc/tf-stacks/<name>.env``).
+``gpu_tf_kernel_spec``: a resolved stack and that environment -> its Jupyter kernel spec.
+
+Each is documented in plugins/filter/<name>.yml.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ansible.errors import AnsibleFilterError
+
+# The PATH of `tf-stack run` and of a systemd unit using the file, after the stack's own folders:
+# Debian's and RHEL's default PATH for root (what systemd gives services, systemd.exec(5), "PATH").
+SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def gpu_tf_stack_env(stack: dict, default_package: str = "tensorflow") -> dict[str, str]:
+    """``{{ stack | gpu_fleet.tf_hosts.gpu_tf_stack_env(tf_venv_package) }}``: the stack's environment.
+
+    The library folder is the toolkit's ``lib64``, where the cudnn role puts the stack's cuDNN too.
+    Values hold no spaces or quotes: the file is read by systemd (``EnvironmentFile=``), by POSIX
+    ``sh`` and by ``tf_stack.read_env`` alike."""
+    try:
+        cuda, cudnn, tensorflow = stack["cuda_toolkit"], stack["cudnn"], stack["tensorflow"]
+        root, venv = cuda["root"], stack["venv"]
+        values = {
+            "TF_STACK": stack["name"],
+            "TF_STACK_VENV": venv,
+            "TF_STACK_PACKAGE": tensorflow.get("package") or default_package,
+            "TF_STACK_TENSORFLOW": tensorflow["version"],
+            "TF_STACK_PYTHON": str(stack["python"]["version"]),
+            "TF_STACK_CUDA": cuda["version"],
+            "TF_STACK_CUDNN": cudnn["version"],
+            "TF_STACK_CUDART": cuda["cudart_soname"],
+            "TF_STACK_CUDNN_SONAME": f"libcudnn.so.{cudnn['major']}",
+            "CUDA_HOME": root,
+            "LD_LIBRARY_PATH": f"{root}/lib64",
+            # XLA finds ptxas and libdevice under this folder (TensorFlow GPU guide, "XLA" flags).
+            "XLA_FLAGS": f"--xla_gpu_cuda_data_dir={root}",
+            "PATH": f"{venv}/bin:{root}/bin:{SYSTEM_PATH}",
+        }
+    except (KeyError, TypeError) as error:
+        raise AnsibleFilterError(f"gpu_tf_stack_env: not a resolved stack (no {error})") from None
+    unsafe = sorted(key for key, value in values.items() if any(c in str(value) for c in " \t\n\"'\\$`"))
+    if unsafe:
+        raise AnsibleFilterError(
+            f"stack {stack['name']}: {', '.join(unsafe)} would hold a space, quote or shell character; "
+            "name the stack and its venv with letters, digits, '.', '-', '_' and '/' only"
+        )
+    return values
+
+
+def gpu_tf_kernel_spec(stack: dict, environment: dict[str, str]) -> dict[str, Any]:
+    """``{{ stack | gpu_fleet.tf_hosts.gpu_tf_kernel_spec(env) }}``: ``kernel.json`` for the stack
+    (Jupyter Client documentation, "Kernel specs"). Its ``env`` carries the stack's environment but
+    PATH, so the kernel starts bound and the venv's ``tf_stack.pth`` has nothing to redo."""
+    cuda, cudnn = stack["cuda_toolkit"], stack["cudnn"]
+    return {
+        "argv": [f"{stack['venv']}/bin/python", "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": (
+            f"TensorFlow {stack['tensorflow']['version']} ({stack['name']}: CUDA {cuda['series']}, "
+            f"cuDNN {cudnn['series']})"
+        ),
+        "language": "python",
+        "env": {key: value for key, value in environment.items() if key != "PATH"},
+        "metadata": {"tf_stack": stack["name"], "debugger": True},
+    }
+
+
+class FilterModule:
+    """Stack binding filters."""
+
+    def filters(self) -> dict[str, Any]:
+        return {"gpu_tf_stack_env": gpu_tf_stack_env, "gpu_tf_kernel_spec": gpu_tf_kernel_spec}

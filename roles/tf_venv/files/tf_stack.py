@@ -1,0 +1,319 @@
+#!/usr/bin/env python3
+"""tf-stack: list the TensorFlow stacks of this host, run a command in one, print its environment.
+
+Installed by the Ansible role gpu_fleet.tf_hosts.tf_venv twice, from this one file: as the command
+``tf-stack`` and, in each stack's venv, as the module ``_tf_stack`` that the venv's
+``tf_stack.pth`` imports. Python runs ``import`` lines of ``.pth`` files in site-packages at start
+(Python documentation, "site — Site-specific configuration hook"), so :func:`bind` runs in every
+process of the venv's interpreter: an activated shell, ``<venv>/bin/python`` called directly,
+``sudo``, cron, a systemd unit, a Jupyter kernel.
+
+:func:`bind` puts the stack's library folder first on ``LD_LIBRARY_PATH``. The dynamic loader reads
+that variable once, when the process starts (ld.so(8)), so when it was missing the interpreter
+re-executes itself once with the same arguments; from then on every ``dlopen`` of a soname such as
+``libcudart.so.11.0`` or ``libcudnn.so.8`` finds the stack's own file before the system's loader
+cache (``/etc/ld.so.conf.d``, which serves the default stack). Only the standard library is used,
+and importing this module imports nothing but ``os`` and ``sys``.
+"""
+
+import os
+import sys
+
+ENV_FILE = "tf-stack.env"  # in each venv; /etc/tf-stacks/<name>.env links to it
+REGISTRY = os.environ.get("TF_STACK_REGISTRY", "/etc/tf-stacks")
+PATH_LISTS = ("LD_LIBRARY_PATH", "PATH")  # prepended to what the process has; other keys are set
+XLA_DATA_DIR = "--xla_gpu_cuda_data_dir"
+
+
+def read_env(path):
+    """``{KEY: value}`` of an environment file (``KEY=value`` lines, ``#`` comments): the format of
+    systemd.exec(5) ``EnvironmentFile=`` without quotes, and of POSIX ``set -a; . FILE``."""
+    values = {}
+    with open(path, encoding="utf-8") as handle:
+        for line in handle:
+            line = line.strip()
+            if line and not line.startswith("#") and "=" in line:
+                key, _, value = line.partition("=")
+                values[key.strip()] = value.strip()
+    return values
+
+
+def _prepend(first, current):
+    """``first`` (a ``:`` list) ahead of ``current``, without repeating an entry."""
+    head = [entry for entry in first.split(":") if entry]
+    return ":".join(head + [entry for entry in current.split(":") if entry and entry not in head])
+
+
+def merged(stack, environ):
+    """The environment ``environ`` gets inside ``stack`` (its file's values): path lists prepended,
+    XLA's CUDA data folder added unless the caller chose one, every other key set."""
+    result = dict(environ)
+    for key, value in stack.items():
+        if key in PATH_LISTS:
+            result[key] = _prepend(value, environ.get(key, ""))
+        elif key == "XLA_FLAGS":
+            current = environ.get(key, "")
+            result[key] = current if XLA_DATA_DIR in current else (current + " " + value).strip()
+        else:
+            result[key] = value
+    return result
+
+
+def bind(prefix=None, environ=None, execv=None):
+    """Bind the running interpreter (venv ``prefix``) to its stack; re-execute it when the loader
+    must see a new ``LD_LIBRARY_PATH``. Does nothing when ``TF_STACK_BIND=0``, without a stack
+    file, or when the interpreter is not a plain ``python`` (then it cannot be run again)."""
+    environ = os.environ if environ is None else environ
+    if environ.get("TF_STACK_BIND") == "0":
+        return
+    try:
+        stack = read_env(os.path.join(prefix or sys.prefix, ENV_FILE))
+    except OSError:
+        return
+    stack.pop("PATH", None)  # a process keeps its own PATH; `tf-stack run` sets the stack's
+    wanted = merged(stack, environ)
+    rerun = wanted.get("LD_LIBRARY_PATH", "") != environ.get("LD_LIBRARY_PATH", "")
+    environ.update(wanted)
+    argv = _command_line()
+    if rerun and argv and os.path.basename(sys.executable).startswith("python"):
+        sys.stdout.flush()
+        (execv or os.execv)(sys.executable, [sys.executable] + argv[1:])
+
+
+def _command_line():
+    """This interpreter's own arguments: ``sys.orig_argv`` (Python 3.10+), else the kernel's copy
+    (proc(5), ``/proc/[pid]/cmdline``); None when neither can be read."""
+    if hasattr(sys, "orig_argv"):
+        return list(sys.orig_argv)
+    try:
+        with open("/proc/self/cmdline", "rb") as handle:
+            return [os.fsdecode(part) for part in handle.read().split(b"\0")[:-1]]
+    except OSError:
+        return None
+
+
+# --- the command ---------------------------------------------------------------------------------
+
+HELP = """\
+NAME
+    tf-stack - the TensorFlow stacks of this host: list, run, environment, probe
+
+SYNOPSIS
+    tf-stack list [--json]
+    tf-stack run STACK -- COMMAND [ARGUMENT...]
+    tf-stack env STACK
+    tf-stack probe STACK
+
+DESCRIPTION
+    Each stack is a virtual environment with one TensorFlow, bound to one CUDA toolkit
+    (/usr/local/cuda-X.Y) and the cuDNN installed into it. The Ansible role
+    gpu_fleet.tf_hosts.tf_venv writes them; this command only reads.
+
+    A stack's own Python (<venv>/bin/python) finds its stack's libraries in any context, without
+    this command. Use `run` for other programs (a shell script, nvcc) and `env` for services.
+
+COMMANDS
+    list    One line per stack: name, TensorFlow, Python, CUDA, cuDNN, venv, health. `*` marks the
+            default stack (the one /usr/local/cuda, PATH and /etc/ld.so.conf.d serve). Health is
+            `ok`, or what is missing: the venv's interpreter, the toolkit's libcudart or libcudnn,
+            or a dependency lock that was not installed in full.
+    run     Runs COMMAND with the stack's environment: its venv's bin and the toolkit's bin first
+            on PATH, its lib64 first on LD_LIBRARY_PATH, CUDA_HOME and XLA_FLAGS set.
+    env     Prints that environment as `export` lines: eval "$(tf-stack env tf2.18)".
+    probe   Loads libcudart and libcudnn the way TensorFlow does (by soname, in the stack's
+            Python) and prints cudaRuntimeGetVersion, cudnnGetVersion and the files loaded.
+
+FILES
+    /etc/tf-stacks/NAME.env     the stack's environment (links to <venv>/tf-stack.env); usable as
+                                a systemd unit's EnvironmentFile=
+    /etc/tf-stacks/default      link to the default stack's file
+    <venv>/tf_stack.pth         binds the venv's Python (TF_STACK_BIND=0 turns it off)
+
+EXIT STATUS
+    0 success; 1 a stack is unhealthy (list) or a library does not load (probe); 2 unknown stack
+    or bad usage; run exits with COMMAND's status (127 when COMMAND is not found).
+
+EXAMPLES
+    tf-stack list
+    tf-stack run tf2.18 -- python train.py
+    sudo -u alice tf-stack run tf2.12 -- python -c 'import tensorflow as tf; print(tf.__version__)'
+    systemd unit: EnvironmentFile=/etc/tf-stacks/tf2.18.env
+                  ExecStart=/opt/tensorflow/2.18/bin/python /srv/serve.py
+"""
+
+PROBE = """
+import ctypes, ctypes.util, json, os
+def load(name):
+    try:
+        return ctypes.CDLL(name)
+    except OSError as error:
+        return str(error)
+cudart, cudnn = load(os.environ["TF_STACK_CUDART"]), load(os.environ["TF_STACK_CUDNN_SONAME"])
+found = {}
+if not isinstance(cudart, str):
+    version = ctypes.c_int()
+    cudart.cudaRuntimeGetVersion(ctypes.byref(version))
+    found["cudaRuntimeGetVersion"] = version.value
+if not isinstance(cudnn, str):
+    cudnn.cudnnGetVersion.restype = ctypes.c_size_t
+    found["cudnnGetVersion"] = cudnn.cudnnGetVersion()
+found["errors"] = [e for e in (cudart, cudnn) if isinstance(e, str)]
+found["files"] = sorted({l.split()[-1] for l in open("/proc/self/maps") if "libcud" in l})
+print(json.dumps(found))
+"""
+
+
+def stacks(registry=None):
+    """``{name: values}`` of every ``<registry>/<name>.env``, sorted by name."""
+    folder = registry or REGISTRY
+    try:
+        names = sorted(entry[: -len(".env")] for entry in os.listdir(folder) if entry.endswith(".env"))
+    except OSError:
+        return {}
+    found = {}
+    for name in names:
+        try:
+            found[name] = read_env(os.path.join(folder, name + ".env"))
+        except OSError:
+            found[name] = {"TF_STACK": name}
+    return found
+
+
+def default_name(registry=None):
+    """The stack ``<registry>/default`` links to (``<name>.env``); "" when there is none."""
+    try:
+        target = os.path.basename(os.readlink(os.path.join(registry or REGISTRY, "default")))
+    except OSError:
+        return ""
+    return target[: -len(".env")] if target.endswith(".env") else ""
+
+
+def health(values):
+    """``ok``, or each thing of the stack that is missing or incomplete."""
+    venv, cuda = values.get("TF_STACK_VENV", ""), values.get("CUDA_HOME", "")
+    lib64 = os.path.join(cuda, "lib64")
+    problems = []
+    if not os.access(os.path.join(venv, "bin", "python"), os.X_OK):
+        problems.append("no interpreter in " + venv)
+    for soname in (values.get("TF_STACK_CUDART", ""), values.get("TF_STACK_CUDNN_SONAME", "")):
+        if not os.path.exists(os.path.join(lib64, soname)):
+            problems.append(soname + " missing in " + lib64)
+    problems += _lock_problem(venv)
+    return "; ".join(problems) or "ok"
+
+
+def _lock_problem(venv):
+    """A venv that has a lock must record it as installed in full (tf_venv writes the record last)."""
+    import hashlib
+
+    try:
+        with open(os.path.join(venv, "tf-lock.txt"), "rb") as handle:
+            digest = hashlib.sha256(handle.read()).hexdigest()
+    except OSError:
+        return []
+    try:
+        with open(os.path.join(venv, "tf-lock.sha256"), encoding="utf-8") as handle:
+            recorded = handle.read().split()[:1]
+    except OSError:
+        recorded = []
+    return [] if recorded == [digest] else ["lock not installed in full"]
+
+
+ROW = "{:<2}{:<12} {:<11} {:<9} {:<9} {:<11} {:<24} {}"
+COLUMNS = ("TF_STACK_TENSORFLOW", "TF_STACK_PYTHON", "TF_STACK_CUDA", "TF_STACK_CUDNN", "TF_STACK_VENV")
+
+
+def _list(args, known):
+    if args.json:
+        import json
+
+        rows = [dict(values, TF_STACK_HEALTH=health(values)) for values in known.values()]
+        print(json.dumps({"default": default_name(), "stacks": rows}, indent=1))
+        return 0 if all(row["TF_STACK_HEALTH"] == "ok" for row in rows) else 1
+    default, bad = default_name(), 0
+    print(ROW.format("", "STACK", "TENSORFLOW", "PYTHON", "CUDA", "CUDNN", "VENV", "HEALTH"))
+    for name, values in known.items():
+        state = health(values)
+        bad += state != "ok"
+        cells = [values.get(key, "?") for key in COLUMNS]
+        print(ROW.format("*" if name == default else "", name, *cells, state))
+    return 1 if bad else 0
+
+
+def _environment(values):
+    """The environment of ``tf-stack run``: this process's, with the stack's merged in."""
+    return merged(values, dict(os.environ))
+
+
+def _run(args, values):
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        print("tf-stack run: no COMMAND; tf-stack run STACK -- COMMAND [ARGUMENT...]", file=sys.stderr)
+        return 2
+    try:
+        os.execvpe(command[0], command, _environment(values))
+    except OSError as error:
+        print(f"tf-stack run: {command[0]}: {error.strerror}", file=sys.stderr)
+        return 127
+
+
+def _env(args, values):
+    import shlex
+
+    environment = _environment(values)
+    for key in sorted(values):
+        print(f"export {key}={shlex.quote(environment[key])}")
+    return 0
+
+
+def _probe(args, values):
+    import json
+    import subprocess
+
+    python = os.path.join(values.get("TF_STACK_VENV", ""), "bin", "python")
+    try:
+        done = subprocess.run([python, "-c", PROBE], env=_environment(values), capture_output=True, text=True)
+    except OSError as error:
+        print(f"tf-stack probe: {python}: {error.strerror}", file=sys.stderr)
+        return 1
+    if done.returncode != 0:
+        print(done.stderr.strip(), file=sys.stderr)
+        return 1
+    found = json.loads(done.stdout)
+    print(json.dumps(dict(found, stack=args.stack, cuda_home=values.get("CUDA_HOME")), indent=1))
+    return 1 if found["errors"] else 0
+
+
+def main(argv=None):
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="tf-stack",
+        usage=HELP.split("\n\n")[1].split("\n", 1)[1],
+        add_help=False,
+    )
+    commands = parser.add_subparsers(dest="action", required=True)
+    commands.add_parser("list", add_help=False).add_argument("--json", action="store_true")
+    for action in ("run", "env", "probe"):
+        sub = commands.add_parser(action, add_help=False)
+        sub.add_argument("stack")
+        if action == "run":
+            sub.add_argument("command", nargs=argparse.REMAINDER)
+    argv = sys.argv[1:] if argv is None else argv
+    ours = argv[: argv.index("--")] if "--" in argv else argv
+    if {"-h", "--help"} & set(ours):
+        print(HELP, end="")
+        return 0
+    args = parser.parse_args(argv)
+    known = stacks()
+    if args.action == "list":
+        return _list(args, known)
+    if args.stack not in known:
+        names = ", ".join(known) or f"none (no {REGISTRY}/*.env)"
+        print(f"tf-stack: no stack {args.stack!r}; this host has: {names}", file=sys.stderr)
+        return 2
+    return {"run": _run, "env": _env, "probe": _probe}[args.action](args, known[args.stack])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
