@@ -33,7 +33,7 @@ def read_env(path):
         for line in handle:
             line = line.strip()
             if line and not line.startswith("#") and "=" in line:
-                key, _, value = line.partition("=")
+                key, value = line.split("=", 1)
                 values[key.strip()] = value.strip()
     return values
 
@@ -272,7 +272,9 @@ def _probe(args, values):
 
     python = os.path.join(values.get("TF_STACK_VENV", ""), "bin", "python")
     try:
-        done = subprocess.run([python, "-c", PROBE], env=_environment(values), capture_output=True, text=True)
+        done = subprocess.run(
+            [python, "-c", PROBE], env=_environment(values), capture_output=True, text=True, check=False
+        )
     except OSError as error:
         print(f"tf-stack probe: {python}: {error.strerror}", file=sys.stderr)
         return 1
