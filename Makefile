@@ -47,6 +47,9 @@ image: deps
 
 standins: deps
 	python3 tests/fixtures/nvidia/build_standins.py --out $(STANDINS)
+	python3 tests/fixtures/nvidia/build_standins.py --out $(STANDINS)-multi --debs none \
+	    --cuda 11.8.0:520.61.05:11.8.89:11.8.20220929 --cuda 11.7.1:515.65.01:11.7.99 \
+	    --cudnn 8.6.0.163:11 --cudnn 8.9.7.29:11
 
 sandbox: image
 	tools/sandbox.sh up
@@ -78,6 +81,7 @@ molecule: venv standins image
 	$(BIN)/molecule test -s faults
 	$(BIN)/molecule test -s fleet
 	$(BIN)/molecule test -s driver_package
+	$(BIN)/molecule test -s multi_stack
 
 integration: venv standins image
 	$(BIN)/pytest -q tests/integration

@@ -219,25 +219,23 @@ def _lock_problem(venv):
     return [] if recorded == [digest] else ["lock not installed in full"]
 
 
-ROW = "{:<2}{:<12} {:<11} {:<9} {:<9} {:<11} {:<24} {}"
 COLUMNS = ("TF_STACK_TENSORFLOW", "TF_STACK_PYTHON", "TF_STACK_CUDA", "TF_STACK_CUDNN", "TF_STACK_VENV")
+HEADER = ("STACK", "TENSORFLOW", "PYTHON", "CUDA", "CUDNN", "VENV", "HEALTH")
 
 
 def _list(args, known):
+    rows = [(name, *[values.get(key, "?") for key in COLUMNS], health(values)) for name, values in known.items()]
     if args.json:
         import json
 
-        rows = [dict(values, TF_STACK_HEALTH=health(values)) for values in known.values()]
-        print(json.dumps({"default": default_name(), "stacks": rows}, indent=1))
-        return 0 if all(row["TF_STACK_HEALTH"] == "ok" for row in rows) else 1
-    default, bad = default_name(), 0
-    print(ROW.format("", "STACK", "TENSORFLOW", "PYTHON", "CUDA", "CUDNN", "VENV", "HEALTH"))
-    for name, values in known.items():
-        state = health(values)
-        bad += state != "ok"
-        cells = [values.get(key, "?") for key in COLUMNS]
-        print(ROW.format("*" if name == default else "", name, *cells, state))
-    return 1 if bad else 0
+        stacks = [dict(values, TF_STACK_HEALTH=row[-1]) for values, row in zip(known.values(), rows)]
+        print(json.dumps({"default": default_name(), "stacks": stacks}, indent=1))
+    else:
+        default = default_name()
+        widths = [max(len(str(cell)) for cell in column) for column in zip(HEADER, *rows)]
+        for mark, row in [("", HEADER)] + [("*" if row[0] == default else "", row) for row in rows]:
+            print(mark.ljust(2) + "  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip())
+    return 1 if any(row[-1] != "ok" for row in rows) else 0
 
 
 def _environment(values):
