@@ -41,7 +41,8 @@ except ImportError as error:  # packaging comes with ansible-core; ansible-test'
 else:
     PACKAGING_ERROR = None
 
-PIN_KEYS = ("name", "tensorflow", "cuda", "cudnn", "python", "package", "venv")
+PIN_KEYS = ("name", "tensorflow", "cuda", "cudnn", "python", "package", "venv", "state")
+STATES = ("present", "absent")
 DEFAULT_VENV_ROOT = "/opt/tensorflow"
 CUDA_ROOT_PREFIX = "/usr/local/cuda-"
 CUDA_LINK = "/usr/local/cuda"  # the default stack's link to its toolkit tree (cuda_toolkit role)
@@ -235,6 +236,28 @@ MESSAGES: dict[str, Message] = {
         "unpinned files are never installed.",
     ),
     # All stacks of a host (resolve_stacks).
+    "state_invalid": Message(
+        "stacks",
+        "state {state!r} is neither present nor absent.",
+        "Set state: present (the default: install and keep the stack) or state: absent (remove it).",
+    ),
+    "default_absent": Message(
+        "stacks",
+        "The default stack {default!r} has state: absent; the default stack owns /usr/local/cuda and the "
+        "system library path, so it cannot be removed.",
+        "Make another stack the default first (gpu_preflight_default_stack), or keep this one present.",
+    ),
+    "no_present_stack": Message(
+        "stacks",
+        "Every stack has state: absent; a host needs one stack to own /usr/local/cuda and the library path.",
+        "Keep one stack present (the default), or remove the host from the GPU group.",
+    ),
+    "absent_venv_in_use": Message(
+        "stacks",
+        "Stack {name!r} has state: absent, but its venv {venv} is stack {user!r}'s too; removing it would "
+        "remove that stack.",
+        "Give the absent stack the venv it was installed in (venv:), or drop it from the list.",
+    ),
     "no_stacks": Message(
         "stacks", "No stack is pinned.", "Set gpu_preflight_stacks in the inventory (see inventories/gpu_hosts)."
     ),
@@ -800,6 +823,8 @@ def _check_pin_values(index: int, pin: dict) -> list[Problem]:
     python = str(pin.get("python") or "")
     if python and not python.startswith("/"):
         problems.append(_problem(label, "python_not_absolute", python=python))
+    if pin.get("state", "present") not in STATES:
+        problems.append(_problem(label, "state_invalid", state=pin.get("state")))
     return problems
 
 
@@ -818,10 +843,47 @@ def _check_duplicate_names(names: list[Any]) -> list[Problem]:
     return [_problem(dup, "duplicate_name", name=dup) for dup in sorted({t for t in texts if texts.count(t) > 1})]
 
 
-def _check_default(default: str, names: list[str]) -> list[Problem]:
+def _check_default(default: str, names: list[str], absent: list[str]) -> list[Problem]:
+    if default in absent:
+        return [_problem(default, "default_absent", default=default)]
+    if not names and absent:
+        return [_problem(HOST_WIDE, "no_present_stack")]
     if not names or default in names:
         return []
     return [_problem(default, "default_unknown", default=default, names=names)]
+
+
+def _absent_stack(pin: dict, matrix: dict, stacks: list[dict]) -> tuple[dict | None, list[Problem]]:
+    """What removing an absent stack removes: ``{name, venv, cuda_root, remove_toolkit}``. The
+    toolkit tree goes only when no present stack uses it; the venv never when a present stack does."""
+    tf_pin = str(pin["tensorflow"])
+    tf_row = matrix["tensorflow"].get(_series(tf_pin)) if _well_formed("tensorflow", tf_pin) else None
+    if tf_row is None:
+        return None, [
+            _problem(pin["name"], "tensorflow_pin_invalid", pin=tf_pin, known=_range_text(list(matrix["tensorflow"])))
+        ]
+    cuda_pin = str(pin.get("cuda") or tf_row["cuda"])
+    root = CUDA_ROOT_PREFIX + _series(cuda_pin) if _well_formed("cuda", cuda_pin) else ""
+    venv = _normal_path(str(pin.get("venv") or f"{DEFAULT_VENV_ROOT}/{_series(tf_pin)}"))
+    users = [s["name"] for s in stacks if _normal_path(str(s["venv"])) == venv]
+    if users:
+        return None, [_problem(pin["name"], "absent_venv_in_use", name=pin["name"], venv=venv, user=users[0])]
+    in_use = {s["cuda_toolkit"]["root"] for s in stacks if s["cuda_toolkit"]}
+    return {
+        "name": pin["name"],
+        "venv": venv,
+        "cuda_root": root,
+        "remove_toolkit": bool(root) and root not in in_use,
+    }, []
+
+
+def _resolve_absent(pins: list[dict], matrix: dict, stacks: list[dict]) -> tuple[list[dict], list[Problem]]:
+    absent, problems = [], []
+    for pin in pins:
+        record, found = _absent_stack(pin, matrix, stacks)
+        problems += found
+        absent += [record] if record else []
+    return absent, problems
 
 
 def _pick_driver(manifest: dict, host: dict) -> tuple[dict | None, list[Problem]]:
@@ -904,17 +966,20 @@ def resolve_stacks(pins: list[dict], matrix: dict, manifest: dict, host: dict, d
             empty means the first stack.
 
     Returns:
-        ``{ok, stacks: [stack...], default: name, driver: {version, runfile} | None, problems,
-        warnings,
-        messages: ['<stack>: <cause> <fix>', ...]}``; ``stacks`` holds only resolved stacks, each
-        with ``default: bool``.
+        ``{ok, stacks: [stack...], absent: [{name, venv, cuda_root, remove_toolkit}], default: name,
+        driver: {version, runfile} | None, problems, warnings,
+        messages: ['<stack>: <cause> <fix>', ...]}``; ``stacks`` holds only resolved stacks of
+        ``state: present`` (the default), each with ``default: bool``; ``absent`` what removing each
+        ``state: absent`` stack removes (its toolkit tree only when no present stack uses it).
     """
     problems = _check_pins(pins)
     pins = [p for p in pins if p.get("name") and p.get("tensorflow")]
+    problems += _check_duplicate_names([p.get("name") for p in pins])
+    absent_pins = [p for p in pins if p.get("state") == "absent"]
+    pins = [p for p in pins if p.get("state") != "absent"]
     names = [p.get("name") for p in pins]
-    problems += _check_duplicate_names(names)
     default = default or (names[0] if names else "")
-    problems += _check_default(default, names)
+    problems += _check_default(default, names, [p.get("name") for p in absent_pins])
     driver_text = str(host.get("driver_version") or "")
     if driver_text and not VERSION_FORMS["driver"].fullmatch(driver_text):
         problems.append(_problem(HOST_WIDE, "driver_pin_invalid", pin=driver_text))
@@ -924,9 +989,12 @@ def resolve_stacks(pins: list[dict], matrix: dict, manifest: dict, host: dict, d
     stacks, found, warnings = _resolve_each(pins, matrix, manifest, host, default)
     problems += found
     problems += _check_side_by_side(stacks)
+    absent, found = _resolve_absent(absent_pins, matrix, stacks)
+    problems += found
     return {
         "ok": not problems,
         "stacks": stacks,
+        "absent": absent,
         "default": default,
         "driver": driver,
         "problems": problems,

@@ -738,7 +738,7 @@ def test_unknown_stack_key_is_named():
     result = resolve({"name": "x", "tensorflow": "2.12", "pakage": "tensorflow-cpu"})
     assert result["messages"] == [
         "x: Unknown key 'pakage' in gpu_preflight_stacks. Use only name, tensorflow, cuda, cudnn, python, package, "
-        "venv (check the spelling)."
+        "venv, state (check the spelling)."
     ]
 
 
@@ -901,3 +901,58 @@ def test_missing_sha256_names_the_overlay_the_entry_came_from():
         "a: cudnn-linux-x86_64-8.6.0.163_cuda11-archive.tar.xz has no sha256 in /home/ops/overlay.yml. "
     )
     assert result["stacks"][0]["cudnn"]["archive"]["manifest"] == "/home/ops/overlay.yml"
+
+
+# --- stacks with state: absent (removal) -----------------------------------------------------------
+
+KEEP = {"name": "tf2.12", "tensorflow": "2.12", "cuda": "11.8", "cudnn": "8.6"}
+
+
+def test_an_absent_stack_is_not_installed_and_lists_what_goes():
+    old = {"name": "tf2.11", "tensorflow": "2.11", "cuda": "11.2", "cudnn": "8.1", "state": "absent"}
+    result = resolve([KEEP, old])
+    assert result["ok"], result["messages"]
+    assert [s["name"] for s in result["stacks"]] == ["tf2.12"]
+    assert result["absent"] == [
+        {"name": "tf2.11", "venv": "/opt/tensorflow/2.11", "cuda_root": "/usr/local/cuda-11.2", "remove_toolkit": True}
+    ]
+
+
+def test_an_absent_stack_keeps_a_toolkit_a_present_stack_uses():
+    old = {"name": "old", "tensorflow": "2.12", "cuda": "11.8", "venv": "/srv/tf-old", "state": "absent"}
+    result = resolve([KEEP, old])
+    assert result["ok"], result["messages"]
+    assert result["absent"] == [
+        {"name": "old", "venv": "/srv/tf-old", "cuda_root": "/usr/local/cuda-11.8", "remove_toolkit": False}
+    ]
+
+
+def test_an_absent_stack_needs_no_artifacts_and_takes_its_cuda_from_the_matrix():
+    old = {"name": "tf2.11", "tensorflow": "2.11", "state": "absent"}  # nothing of 2.11 in the manifest
+    result = resolve([KEEP, old], manifest=_manifest())
+    assert result["ok"], result["messages"]
+    assert result["absent"][0]["cuda_root"] == "/usr/local/cuda-" + MATRIX["tensorflow"]["2.11"]["cuda"]
+
+
+@pytest.mark.parametrize(
+    ("pins", "default", "message"),
+    [
+        (
+            [dict(KEEP, state="absent"), {"name": "b", "tensorflow": "2.12", "venv": "/srv/b"}],
+            "tf2.12",
+            "tf2.12: The default stack 'tf2.12' has state: absent;",
+        ),
+        ([dict(KEEP, state="absent")], "", "Every stack has state: absent;"),
+        (
+            [KEEP, {"name": "gone", "tensorflow": "2.12", "state": "absent"}],
+            "",
+            "gone: Stack 'gone' has state: absent, but its venv /opt/tensorflow/2.12 is stack 'tf2.12''s too;",
+        ),
+        ([dict(KEEP, state="removed")], "", "tf2.12: state 'removed' is neither present nor absent."),
+    ],
+    ids=["default-absent", "all-absent", "venv-in-use", "state-misspelt"],
+)
+def test_a_removal_that_would_break_a_host_stops_with_cause_and_fix(pins, default, message):
+    result = resolve(pins, default=default)
+    assert not result["ok"]
+    assert any(text.startswith(message) for text in result["messages"]), result["messages"]
