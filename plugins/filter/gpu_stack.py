@@ -254,8 +254,8 @@ MESSAGES: dict[str, Message] = {
     ),
     "absent_venv_in_use": Message(
         "stacks",
-        "Stack {name!r} has state: absent, but its venv {venv} is stack {user!r}'s too; removing it would "
-        "remove that stack.",
+        "Stack {name!r} has state: absent, but its venv {venv} is, holds or sits inside stack {user!r}'s venv; "
+        "removing it would damage that stack.",
         "Give the absent stack the venv it was installed in (venv:), or drop it from the list.",
     ),
     "no_stacks": Message(
@@ -853,28 +853,44 @@ def _check_default(default: str, names: list[str], absent: list[str]) -> list[Pr
     return [_problem(default, "default_unknown", default=default, names=names)]
 
 
+def _absent_paths(pin: dict, matrix: dict) -> tuple[str, str, list[Problem]]:
+    """The toolkit tree and venv an absent stack was installed in, from its pins (the matrix gives
+    the CUDA of a pin without ``cuda``); problems when they cannot be known."""
+    name, tf_pin = pin["name"], str(pin["tensorflow"])
+    if not _well_formed("tensorflow", tf_pin):
+        return (
+            "",
+            "",
+            [_problem(name, "tensorflow_pin_invalid", pin=tf_pin, known=_range_text(list(matrix["tensorflow"])))],
+        )
+    tf_row = matrix["tensorflow"].get(_series(tf_pin)) or {}
+    cuda_pin = str(pin.get("cuda") or tf_row.get("cuda") or "")
+    if not cuda_pin:
+        return "", "", [_problem(name, "tensorflow_unknown", pin=tf_pin, known=_range_text(list(matrix["tensorflow"])))]
+    if not _well_formed("cuda", cuda_pin):
+        built = tf_row.get("cuda", "X.Y")
+        return "", "", [_problem(name, "cuda_pin_invalid", pin=cuda_pin, series=_series(tf_pin), built=built)]
+    venv = _normal_path(str(pin.get("venv") or f"{DEFAULT_VENV_ROOT}/{_series(tf_pin)}"))
+    return CUDA_ROOT_PREFIX + _series(cuda_pin), venv, []
+
+
+def _nested(one: str, other: str) -> bool:
+    """``one`` and ``other`` are the same folder, or one holds the other."""
+    return one == other or one.startswith(other.rstrip("/") + "/") or other.startswith(one.rstrip("/") + "/")
+
+
 def _absent_stack(pin: dict, matrix: dict, stacks: list[dict]) -> tuple[dict | None, list[Problem]]:
     """What removing an absent stack removes: ``{name, venv, cuda_root, remove_toolkit}``. The
-    toolkit tree goes only when no present stack uses it; the venv never when a present stack does."""
-    tf_pin = str(pin["tensorflow"])
-    tf_row = matrix["tensorflow"].get(_series(tf_pin)) if _well_formed("tensorflow", tf_pin) else None
-    if tf_row is None:
-        return None, [
-            _problem(pin["name"], "tensorflow_pin_invalid", pin=tf_pin, known=_range_text(list(matrix["tensorflow"])))
-        ]
-    cuda_pin = str(pin.get("cuda") or tf_row["cuda"])
-    root = CUDA_ROOT_PREFIX + _series(cuda_pin) if _well_formed("cuda", cuda_pin) else ""
-    venv = _normal_path(str(pin.get("venv") or f"{DEFAULT_VENV_ROOT}/{_series(tf_pin)}"))
-    users = [s["name"] for s in stacks if _normal_path(str(s["venv"])) == venv]
+    toolkit tree goes only when no present stack uses it; the venv never when it is, holds or sits
+    inside a present stack's venv."""
+    root, venv, problems = _absent_paths(pin, matrix)
+    if problems:
+        return None, problems
+    users = [s["name"] for s in stacks if _nested(_normal_path(str(s["venv"])), venv)]
     if users:
         return None, [_problem(pin["name"], "absent_venv_in_use", name=pin["name"], venv=venv, user=users[0])]
     in_use = {s["cuda_toolkit"]["root"] for s in stacks if s["cuda_toolkit"]}
-    return {
-        "name": pin["name"],
-        "venv": venv,
-        "cuda_root": root,
-        "remove_toolkit": bool(root) and root not in in_use,
-    }, []
+    return {"name": pin["name"], "venv": venv, "cuda_root": root, "remove_toolkit": root not in in_use}, []
 
 
 def _resolve_absent(pins: list[dict], matrix: dict, stacks: list[dict]) -> tuple[list[dict], list[Problem]]:

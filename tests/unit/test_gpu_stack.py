@@ -946,13 +946,45 @@ def test_an_absent_stack_needs_no_artifacts_and_takes_its_cuda_from_the_matrix()
         (
             [KEEP, {"name": "gone", "tensorflow": "2.12", "state": "absent"}],
             "",
-            "gone: Stack 'gone' has state: absent, but its venv /opt/tensorflow/2.12 is stack 'tf2.12''s too;",
+            "gone: Stack 'gone' has state: absent, but its venv /opt/tensorflow/2.12 is, holds or sits inside",
+        ),
+        (
+            [KEEP, {"name": "gone", "tensorflow": "2.12", "venv": "/opt/tensorflow", "state": "absent"}],
+            "",
+            "gone: Stack 'gone' has state: absent, but its venv /opt/tensorflow is, holds or sits inside",
+        ),
+        (
+            [KEEP, {"name": "gone", "tensorflow": "2.11", "cuda": "11.x", "state": "absent"}],
+            "",
+            "gone: The cuda pin '11.x' is not a version",
+        ),
+        (
+            [KEEP, {"name": "gone", "tensorflow": "2.3", "state": "absent"}],
+            "",
+            "gone: TensorFlow 2.3 is not in the version matrix.",
         ),
         ([dict(KEEP, state="removed")], "", "tf2.12: state 'removed' is neither present nor absent."),
     ],
-    ids=["default-absent", "all-absent", "venv-in-use", "state-misspelt"],
+    ids=[
+        "default-absent",
+        "all-absent",
+        "venv-in-use",
+        "venv-holds-one",
+        "cuda-malformed",
+        "tf-unknown",
+        "state-misspelt",
+    ],
 )
 def test_a_removal_that_would_break_a_host_stops_with_cause_and_fix(pins, default, message):
     result = resolve(pins, default=default)
     assert not result["ok"]
     assert any(text.startswith(message) for text in result["messages"]), result["messages"]
+
+
+def test_an_absent_stack_of_a_series_the_matrix_dropped_is_removed_by_its_own_pins():
+    old = {"name": "old", "tensorflow": "2.3", "cuda": "10.1", "venv": "/srv/tf-2.3", "state": "absent"}
+    result = resolve([KEEP, old])
+    assert result["ok"], result["messages"]
+    assert result["absent"] == [
+        {"name": "old", "venv": "/srv/tf-2.3", "cuda_root": "/usr/local/cuda-10.1", "remove_toolkit": True}
+    ]

@@ -125,6 +125,27 @@ def test_bind_does_not_run_again_once_bound(env_file):
     assert environ["XLA_FLAGS"] == "--xla_gpu_cuda_data_dir=/mine"  # the caller's choice stays
 
 
+def test_bind_runs_again_only_once_when_the_loader_drops_the_path(env_file, capsys):
+    """Secure-execution mode (file capabilities, setuid) removes LD_LIBRARY_PATH at every exec."""
+    environ = {"TF_STACK_REEXEC": "/usr/local/cuda-11.8/lib64"}
+    assert bind_calls(env_file, environ) == []
+    assert "secure-execution mode" in capsys.readouterr().err
+
+
+def test_bind_replaces_another_stacks_xla_folder_but_keeps_the_callers(env_file):
+    other = {"CUDA_HOME": "/usr/local/cuda-12.3", "XLA_FLAGS": "--xla_gpu_cuda_data_dir=/usr/local/cuda-12.3 --x=1"}
+    bind_calls(env_file, other)
+    assert other["XLA_FLAGS"] == "--xla_gpu_cuda_data_dir=/usr/local/cuda-11.8 --x=1"
+    assert other["CUDA_HOME"] == "/usr/local/cuda-12.3"  # the file of this fixture names none
+
+
+def test_a_broken_environment_file_is_one_line_on_stderr_not_a_traceback(tmp_path, capsys):
+    (tmp_path / "tf-stack.env").write_bytes(b"TF_STACK=\xff\n")
+    environ: dict = {}
+    assert bind_calls(tmp_path, environ) == [] and environ == {}
+    assert capsys.readouterr().err.startswith("tf_stack: not bound to its stack (UnicodeDecodeError")
+
+
 @pytest.mark.parametrize(
     ("environ", "folder"),
     [({"TF_STACK_BIND": "0"}, "stack"), ({}, "no-stack-file")],
@@ -287,6 +308,17 @@ def test_list_names_what_is_broken_and_exits_1(two_stacks, tmp_path):
     assert done.returncode == 1
     health = json.loads(done.stdout)["stacks"][0]["TF_STACK_HEALTH"]
     assert f"libcudart.so.11.0 missing in {tmp_path}/gone/lib64" in health and "libcudnn.so.8 missing" in health
+
+
+def test_an_unreadable_stack_is_unhealthy_and_not_probed(two_stacks, tmp_path):
+    registry = tmp_path / "registry"
+    registry.mkdir()
+    (registry / "gone.env").symlink_to(tmp_path / "nowhere.env")
+    env = {"TF_STACK_REGISTRY": str(registry)}
+    listed = json.loads(tf_stack_cli(two_stacks, "list", "--json", env=env).stdout)
+    assert listed["stacks"][0]["TF_STACK_HEALTH"].startswith("environment file unreadable")
+    probed = tf_stack_cli(two_stacks, "probe", "gone", env=env)
+    assert probed.returncode == 1 and "environment file unreadable" in probed.stderr
 
 
 def test_run_puts_the_stack_first_for_any_program(two_stacks):

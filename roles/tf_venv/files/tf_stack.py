@@ -23,6 +23,7 @@ ENV_FILE = "tf-stack.env"  # in each venv; /etc/tf-stacks/<name>.env links to it
 REGISTRY = os.environ.get("TF_STACK_REGISTRY", "/etc/tf-stacks")
 PATH_LISTS = ("LD_LIBRARY_PATH", "PATH")  # prepended to what the process has; other keys are set
 XLA_DATA_DIR = "--xla_gpu_cuda_data_dir"
+REEXEC = "TF_STACK_REEXEC"  # the LD_LIBRARY_PATH the interpreter was last re-executed with
 
 
 def read_env(path):
@@ -44,40 +45,78 @@ def _prepend(first, current):
     return ":".join(head + [entry for entry in current.split(":") if entry and entry not in head])
 
 
+def _xla_flags(value, current, old_home):
+    """``current`` XLA_FLAGS with the stack's CUDA data folder (``value``): added when there is none,
+    put in place of another stack's (a CUDA toolkit tree, or the previous ``CUDA_HOME``); a folder
+    the caller chose otherwise stays."""
+    flags = current.split()
+    theirs = [flag for flag in flags if flag.startswith(XLA_DATA_DIR + "=")]
+    if not theirs:
+        return " ".join(flags + [value])
+    folder = theirs[0].split("=", 1)[1]
+    if folder.startswith("/usr/local/cuda") or (old_home and folder == old_home):
+        return " ".join(value if flag in theirs else flag for flag in flags)
+    return current
+
+
 def merged(stack, environ):
     """The environment ``environ`` gets inside ``stack`` (its file's values): path lists prepended,
-    XLA's CUDA data folder added unless the caller chose one, every other key set."""
+    XLA's CUDA data folder set (:func:`_xla_flags`), every other key set."""
     result = dict(environ)
     for key, value in stack.items():
         if key in PATH_LISTS:
             result[key] = _prepend(value, environ.get(key, ""))
         elif key == "XLA_FLAGS":
-            current = environ.get(key, "")
-            result[key] = current if XLA_DATA_DIR in current else (current + " " + value).strip()
+            result[key] = _xla_flags(value, environ.get(key, ""), environ.get("CUDA_HOME", ""))
         else:
             result[key] = value
     return result
 
 
+def _say(text):
+    if sys.stderr is not None:
+        sys.stderr.write("tf_stack: " + text + "\n")
+
+
 def bind(prefix=None, environ=None, execv=None):
-    """Bind the running interpreter (venv ``prefix``) to its stack; re-execute it when the loader
-    must see a new ``LD_LIBRARY_PATH``. Does nothing when ``TF_STACK_BIND=0``, without a stack
-    file, or when the interpreter is not a plain ``python`` (then it cannot be run again)."""
+    """Bind the running interpreter (venv ``prefix``) to its stack; re-execute it once when the
+    loader must see a new ``LD_LIBRARY_PATH``. Does nothing when ``TF_STACK_BIND=0``, without a
+    stack file, or when the interpreter is not a plain ``python`` (then it cannot be run again).
+    Never stops the interpreter: a problem is one line on standard error."""
     environ = os.environ if environ is None else environ
     if environ.get("TF_STACK_BIND") == "0":
         return
     try:
-        stack = read_env(os.path.join(prefix or sys.prefix, ENV_FILE))
+        _bind(prefix or sys.prefix, environ, execv or os.execv)
+    except Exception as error:  # pylint: disable=broad-exception-caught  # it runs at every interpreter start
+        _say(f"not bound to its stack ({type(error).__name__}: {error}); set TF_STACK_BIND=0 to silence")
+
+
+def _bind(prefix, environ, execv):
+    try:
+        stack = read_env(os.path.join(prefix, ENV_FILE))
     except OSError:
         return
     stack.pop("PATH", None)  # a process keeps its own PATH; `tf-stack run` sets the stack's
     wanted = merged(stack, environ)
-    rerun = wanted.get("LD_LIBRARY_PATH", "") != environ.get("LD_LIBRARY_PATH", "")
+    library_path = wanted.get("LD_LIBRARY_PATH", "")
+    rerun = library_path != environ.get("LD_LIBRARY_PATH", "")
+    if rerun and environ.get(REEXEC) == library_path:
+        # Set before the last exec and gone again: the loader runs this interpreter in secure-execution
+        # mode (file capabilities, setuid, an SELinux transition) and removes LD_LIBRARY_PATH (ld.so(8)).
+        _say(
+            f"the loader ignores LD_LIBRARY_PATH for {sys.executable} (secure-execution mode, ld.so(8)); "
+            "it loads the default stack's libraries"
+        )
+        rerun = False
     environ.update(wanted)
     argv = _command_line()
     if rerun and argv and os.path.basename(sys.executable).startswith("python"):
-        sys.stdout.flush()
-        (execv or os.execv)(sys.executable, [sys.executable] + argv[1:])
+        environ[REEXEC] = library_path
+        for stream in (sys.stdout, sys.stderr):
+            if stream is not None:
+                stream.flush()
+        execv(sys.executable, [sys.executable] + argv[1:])
 
 
 def _command_line():
@@ -191,6 +230,8 @@ def default_name(registry=None):
 def health(values):
     """``ok``, or each thing of the stack that is missing or incomplete."""
     venv, cuda = values.get("TF_STACK_VENV", ""), values.get("CUDA_HOME", "")
+    if not (venv.startswith("/") and cuda.startswith("/")):
+        return "environment file unreadable or incomplete (no TF_STACK_VENV or CUDA_HOME)"
     lib64 = os.path.join(cuda, "lib64")
     problems = []
     if not os.access(os.path.join(venv, "bin", "python"), os.X_OK):
@@ -268,7 +309,10 @@ def _probe(args, values):
     import json
     import subprocess
 
-    python = os.path.join(values.get("TF_STACK_VENV", ""), "bin", "python")
+    if not values.get("TF_STACK_VENV", "").startswith("/"):
+        print(f"tf-stack probe: {args.stack}: {health(values)}", file=sys.stderr)
+        return 1
+    python = os.path.join(values["TF_STACK_VENV"], "bin", "python")
     try:
         done = subprocess.run(
             [python, "-c", PROBE], env=_environment(values), capture_output=True, text=True, check=False
