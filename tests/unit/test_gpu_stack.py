@@ -908,23 +908,21 @@ def test_missing_sha256_names_the_overlay_the_entry_came_from():
 KEEP = {"name": "tf2.12", "tensorflow": "2.12", "cuda": "11.8", "cudnn": "8.6"}
 
 
-def test_an_absent_stack_is_not_installed_and_lists_what_goes():
-    old = {"name": "tf2.11", "tensorflow": "2.11", "cuda": "11.2", "cudnn": "8.1", "state": "absent"}
-    result = resolve([KEEP, old])
+@pytest.mark.parametrize(
+    ("old", "venv", "root", "remove_toolkit"),
+    [
+        ({"tensorflow": "2.11", "cuda": "11.2", "cudnn": "8.1"}, "/opt/tensorflow/2.11", "/usr/local/cuda-11.2", True),
+        ({"tensorflow": "2.12", "cuda": "11.8", "venv": "/srv/tf-old"}, "/srv/tf-old", "/usr/local/cuda-11.8", False),
+        # A series the matrix dropped: removed by its own cuda and venv pins.
+        ({"tensorflow": "2.3", "cuda": "10.1", "venv": "/srv/tf-2.3"}, "/srv/tf-2.3", "/usr/local/cuda-10.1", True),
+    ],
+    ids=["own-toolkit", "toolkit-in-use-stays", "series-left-the-matrix"],
+)
+def test_an_absent_stack_is_not_installed_and_lists_what_goes(old, venv, root, remove_toolkit):
+    result = resolve([KEEP, dict(old, name="old", state="absent")])
     assert result["ok"], result["messages"]
     assert [s["name"] for s in result["stacks"]] == ["tf2.12"]
-    assert result["absent"] == [
-        {"name": "tf2.11", "venv": "/opt/tensorflow/2.11", "cuda_root": "/usr/local/cuda-11.2", "remove_toolkit": True}
-    ]
-
-
-def test_an_absent_stack_keeps_a_toolkit_a_present_stack_uses():
-    old = {"name": "old", "tensorflow": "2.12", "cuda": "11.8", "venv": "/srv/tf-old", "state": "absent"}
-    result = resolve([KEEP, old])
-    assert result["ok"], result["messages"]
-    assert result["absent"] == [
-        {"name": "old", "venv": "/srv/tf-old", "cuda_root": "/usr/local/cuda-11.8", "remove_toolkit": False}
-    ]
+    assert result["absent"] == [{"name": "old", "venv": venv, "cuda_root": root, "remove_toolkit": remove_toolkit}]
 
 
 def test_an_absent_stack_needs_no_artifacts_and_takes_its_cuda_from_the_matrix():
@@ -979,12 +977,3 @@ def test_a_removal_that_would_break_a_host_stops_with_cause_and_fix(pins, defaul
     result = resolve(pins, default=default)
     assert not result["ok"]
     assert any(text.startswith(message) for text in result["messages"]), result["messages"]
-
-
-def test_an_absent_stack_of_a_series_the_matrix_dropped_is_removed_by_its_own_pins():
-    old = {"name": "old", "tensorflow": "2.3", "cuda": "10.1", "venv": "/srv/tf-2.3", "state": "absent"}
-    result = resolve([KEEP, old])
-    assert result["ok"], result["messages"]
-    assert result["absent"] == [
-        {"name": "old", "venv": "/srv/tf-2.3", "cuda_root": "/usr/local/cuda-10.1", "remove_toolkit": True}
-    ]
