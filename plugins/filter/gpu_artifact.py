@@ -57,8 +57,19 @@ def gpu_artifact_problem(path: str, record: dict[str, Any]) -> str:
     return _format_problem(path, name)
 
 
+def stack_artifact_problems(stack: dict[str, Any], problems: dict[str, str]) -> str:
+    """``{{ stack | gpu_fleet.tf_hosts.gpu_stack_artifact_problems(problems) }}``: what is wrong with
+    the artifacts a resolved stack installs from (its toolkit's runfile, its cuDNN archive), from
+    ``problems`` ({file: text}, gpu_artifacts' verification); '' when nothing is."""
+    files = [
+        (stack.get("cuda_toolkit") or {}).get("runfile", {}).get("file"),
+        (stack.get("cudnn") or {}).get("archive", {}).get("file"),
+    ]
+    return " ".join(problems[name] for name in dict.fromkeys(files) if name in problems)
+
+
 class FilterModule:
     """Artifact file filters."""
 
     def filters(self) -> dict[str, Any]:
-        return {"gpu_artifact_problem": gpu_artifact_problem}
+        return {"gpu_artifact_problem": gpu_artifact_problem, "gpu_stack_artifact_problems": stack_artifact_problems}

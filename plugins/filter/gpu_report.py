@@ -73,6 +73,26 @@ def gpu_verify_result(run: dict, install_dir: str = "/opt/gpu-verify") -> dict:
     )
 
 
+def gpu_verify_held_back(held: list[dict]) -> dict[str, dict]:
+    """gpu_preflight's ``gpu_preflight_held_back`` (``[{name, cause}]``, stacks left out of the run
+    because an artifact could not be used) -> ``{stack: failed document}`` for the host's results."""
+    return {
+        item["name"]: {
+            "ok": False,
+            "stack": item["name"],
+            "problems": [
+                {
+                    "check": "artifacts",
+                    "cause": f"Held back: nothing of stack {item['name']} was installed or changed in this run. "
+                    + str(item.get("cause") or ""),
+                    "fix": "Fix the artifact as said and run again; the host's other stacks went on and were verified.",
+                }
+            ],
+        }
+        for item in held or []
+    }
+
+
 def gpu_du_bytes(lines: list[str]) -> dict[str, int]:
     """``du --summarize --bytes PATH...`` output lines -> ``{path: bytes}`` (paths du could not
     read are missing from its output and so from the result)."""
@@ -129,7 +149,8 @@ def gpu_verify_collect(all_hosts: list[str], hostvars: Any, alive_hosts: list[st
     Returns:
         ``{host: [document per stack]}``, the input of fleet_report.py; each document carries
         ``preflight_overridden`` (gpu_preflight problems turned off by an override),
-        ``driver_reboot_required`` and ``driver_loaded_version`` (nvidia_driver's published facts).  A host
+        ``driver_reboot_required`` and ``driver_loaded_version`` (nvidia_driver's published facts) and
+        ``default_switch`` (``{from, to, switched}``, when a new default stack waited for verification).  A host
         without results maps to one document instead of a list (:func:`_no_results`).
     """
     report: dict[str, Any] = {}
@@ -144,6 +165,8 @@ def gpu_verify_collect(all_hosts: list[str], hostvars: Any, alive_hosts: list[st
             # Published by nvidia_driver: the loaded kernel module is not the installed driver.
             "driver_reboot_required": bool(facts.get("nvidia_driver_reboot_required")),
             "driver_loaded_version": facts.get("nvidia_driver_loaded_version") or None,
+            # gpu_verify's own: a newly declared default stack switched to, or not (tasks/switch.yml).
+            "default_switch": facts.get("gpu_verify_default_switch") or None,
         }
         report[host] = [dict(doc, **extra) for doc in results.values()]
     return report
@@ -157,5 +180,6 @@ class FilterModule:
             "gpu_verify_result": gpu_verify_result,
             "gpu_verify_collect": gpu_verify_collect,
             "gpu_verify_stack_name": gpu_verify_stack_name,
+            "gpu_verify_held_back": gpu_verify_held_back,
             "gpu_du_bytes": gpu_du_bytes,
         }

@@ -247,6 +247,14 @@ MESSAGES: dict[str, Message] = {
         "system library path, so it cannot be removed.",
         "Make another stack the default first (gpu_preflight_default_stack), or keep this one present.",
     ),
+    "current_default_absent": Message(
+        "stacks",
+        "Stack {current!r} has state: absent, but it is this host's default now (/etc/tf-stacks/default); the "
+        "default moves to {default!r} only after {default!r} passed verification here, and removing {current!r} in "
+        "the same run would leave the host without a working default if it does not.",
+        "Run once with {current!r} present, so that {default!r} verifies and becomes the default, then set "
+        "state: absent.",
+    ),
     "no_present_stack": Message(
         "stacks",
         "Every stack has state: absent; a host needs one stack to own /usr/local/cuda and the library path.",
@@ -843,9 +851,11 @@ def _check_duplicate_names(names: list[Any]) -> list[Problem]:
     return [_problem(dup, "duplicate_name", name=dup) for dup in sorted({t for t in texts if texts.count(t) > 1})]
 
 
-def _check_default(default: str, names: list[str], absent: list[str]) -> list[Problem]:
+def _check_default(default: str, names: list[str], absent: list[str], current: str = "") -> list[Problem]:
     if default in absent:
         return [_problem(default, "default_absent", default=default)]
+    if current in absent:
+        return [_problem(current, "current_default_absent", current=current, default=default)]
     if not names and absent:
         return [_problem(HOST_WIDE, "no_present_stack")]
     if not names or default in names:
@@ -977,7 +987,8 @@ def resolve_stacks(pins: list[dict], matrix: dict, manifest: dict, host: dict, d
         host: as for :func:`resolve_stack`, plus ``python_versions: {path: 'X.Y.Z'}`` giving the
             version of each stack's interpreter, ``driver_install: bool`` (the run installs the
             driver) and ``driver_method`` (``runfile``, the default: the manifest must have its
-            runfile; ``package``: the driver's ``runfile`` is None).
+            runfile; ``package``: the driver's ``runfile`` is None) and ``current_default``, the stack the
+            host serves as its default now (may not be removed in this run, see :func:`serve_default`).
         default: name of the default stack (owns ``/usr/local/cuda`` and the system library path);
             empty means the first stack.
 
@@ -995,7 +1006,8 @@ def resolve_stacks(pins: list[dict], matrix: dict, manifest: dict, host: dict, d
     pins = [p for p in pins if p.get("state") != "absent"]
     names = [p.get("name") for p in pins]
     default = default or (names[0] if names else "")
-    problems += _check_default(default, names, [p.get("name") for p in absent_pins])
+    absent_names = [p.get("name") for p in absent_pins]
+    problems += _check_default(default, names, absent_names, str(host.get("current_default") or ""))
     driver_text = str(host.get("driver_version") or "")
     if driver_text and not VERSION_FORMS["driver"].fullmatch(driver_text):
         problems.append(_problem(HOST_WIDE, "driver_pin_invalid", pin=driver_text))
@@ -1016,6 +1028,40 @@ def resolve_stacks(pins: list[dict], matrix: dict, manifest: dict, host: dict, d
         "problems": problems,
         "warnings": warnings,
         "messages": [_message(p) for p in problems],
+    }
+
+
+def serve_default(stacks: list[dict], current: str = "") -> dict:
+    """Which stack a host's default pointers serve in this run, and which switch waits.
+
+    ``/usr/local/cuda``, ``PATH`` and the system library path move to a newly declared default only
+    after it passed verification on the host (issue 12, item 4): until then they keep serving the
+    host's current default, when that is one of the present stacks.
+
+    Args:
+        stacks: resolved stacks (:func:`resolve_stacks`); the declared default is the one with
+            ``declared_default`` (set here) or, the first time, ``default``.
+        current: name of the stack the host serves now (``/etc/tf-stacks/default``), or the stack
+            to serve from now on (the switch after verification, or back after a failed one). A
+            name that is no present stack serves the declared default (or, when that was held
+            back, the first stack).
+
+    Returns:
+        ``{stacks, default, pending}``: the stacks with ``default`` true for the served one and
+        ``declared_default`` true for the declared one; the served stack; the declared stack while
+        the switch to it waits, else None.
+    """
+    if not stacks:
+        return {"stacks": [], "default": None, "pending": None}
+    # No declared default among them when it was held back (gpu_preflight's entry point hold_back).
+    declared = next((s["name"] for s in stacks if s.get("declared_default", s.get("default"))), None)
+    names = [s["name"] for s in stacks]
+    served = current if current in names else (declared or names[0])
+    marked = [{**s, "default": s["name"] == served, "declared_default": s["name"] == declared} for s in stacks]
+    return {
+        "stacks": marked,
+        "default": next(s for s in marked if s["default"]),
+        "pending": next((s for s in marked if s["declared_default"] and not s["default"]), None),
     }
 
 
@@ -1054,4 +1100,5 @@ class FilterModule:
             "gpu_stacks_resolve": gpu_stacks_resolve,
             "cudnn_header_version": cudnn_header_version,
             "gpu_tf_requirement": tf_requirement,
+            "gpu_stacks_serve": serve_default,
         }

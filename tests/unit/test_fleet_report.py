@@ -321,6 +321,26 @@ def test_a_host_that_needs_a_reboot_says_so():
     assert calm["reboot_required"] is False and not [n for n in calm["mode_notes"] if "reboot" in n]
 
 
+@pytest.mark.parametrize(
+    ("switched", "note"),
+    [
+        (True, "default stack switched: tf2.12 -> tf2.18 (verified first)"),
+        (
+            False,
+            "default stays tf2.12: the declared default tf2.18 did not pass verification; it becomes the "
+            "default once it does",
+        ),
+    ],
+    ids=["switched", "stays"],
+)
+def test_the_notes_say_what_became_of_a_default_switch(switched, note):
+    doc = dict(passing_doc(), default_switch={"from": "tf2.12", "to": "tf2.18", "switched": switched})
+    notes = fleet_report.build_report({"gpu01": [doc]}, None)["hosts"]["gpu01"]["mode_notes"]
+    assert note in notes
+    calm = fleet_report.build_report({"gpu01": [passing_doc()]}, None)["hosts"]["gpu01"]["mode_notes"]
+    assert not [n for n in calm if "default" in n]
+
+
 def test_overridden_preflight_checks_are_listed_in_the_notes():
     doc = dict(passing_doc(), preflight_overridden=[{"check": "noexec", "cause": "/tmp is noexec.", "fix": "x"}])
     report = fleet_report.build_report({"gpu01": [doc]}, None)

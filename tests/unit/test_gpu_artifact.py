@@ -6,7 +6,10 @@ import lzma
 
 import pytest
 import yaml
-from ansible_collections.gpu_fleet.tf_hosts.plugins.filter.gpu_artifact import gpu_artifact_problem
+from ansible_collections.gpu_fleet.tf_hosts.plugins.filter.gpu_artifact import (
+    gpu_artifact_problem,
+    stack_artifact_problems,
+)
 
 XZ = "cudnn-linux-x86_64-8.6.0.163_cuda11-archive.tar.xz"
 TGZ = "cudnn-11.2-linux-x64-v8.1.1.33.tgz"
@@ -69,3 +72,11 @@ def test_the_stand_in_artifacts_pass(standins_dir):
     assert artifacts
     for name, record in artifacts.items():
         assert gpu_artifact_problem(str(standins_dir / name), {"file": name, **record}) == "", name
+
+
+def test_a_stack_gets_the_problems_of_its_own_runfile_and_archive_only():
+    stack = {"cuda_toolkit": {"runfile": {"file": "cuda.run"}}, "cudnn": {"archive": {"file": "cudnn.tar.xz"}}}
+    problems = {"cudnn.tar.xz": "cudnn.tar.xz has sha256 aa.", "other.run": "other.run is missing."}
+    assert stack_artifact_problems(stack, problems) == "cudnn.tar.xz has sha256 aa."
+    assert stack_artifact_problems(stack, {"cuda.run": "x.", "cudnn.tar.xz": "y."}) == "x. y."
+    assert stack_artifact_problems(stack, {"other.run": "z."}) == ""

@@ -109,3 +109,23 @@ def test_missing_venv_names_it_and_the_playbook_to_run():
 def test_du_bytes_parses_du_output():
     lines = ["5368709120\t/usr/local/cuda-11.8", "1717986918\t/opt/tensorflow/2.12", "du: cannot access 'x'"]
     assert gpu_report.gpu_du_bytes(lines) == {"/usr/local/cuda-11.8": 5368709120, "/opt/tensorflow/2.12": 1717986918}
+
+
+def test_collect_carries_the_default_switch():
+    switch = {"from": "tf2.12", "to": "tf2.18", "switched": False, "default": "tf2.12"}
+    hostvars = {
+        "a": {"gpu_verify_results": {"tf2.12": {"ok": True}}, "gpu_verify_default_switch": switch},
+        "b": {"gpu_verify_results": {"tf2.12": {"ok": True}}},
+    }
+    report = gpu_report.gpu_verify_collect(["a", "b"], hostvars, ["a", "b"])
+    assert (report["a"][0]["default_switch"], report["b"][0]["default_switch"]) == (switch, None)
+
+
+def test_held_back_stacks_become_failed_results_that_name_the_artifact():
+    held = gpu_report.gpu_verify_held_back([{"name": "tf2.18", "cause": "cudnn.tar.xz has sha256 aa, not bb."}])
+    assert list(held) == ["tf2.18"] and held["tf2.18"]["ok"] is False
+    problem = held["tf2.18"]["problems"][0]
+    assert problem["check"] == "artifacts"
+    assert problem["cause"].startswith("Held back: nothing of stack tf2.18 was installed or changed in this run.")
+    assert problem["cause"].endswith("cudnn.tar.xz has sha256 aa, not bb.")
+    assert gpu_report.gpu_verify_held_back([]) == {}

@@ -977,3 +977,60 @@ def test_a_removal_that_would_break_a_host_stops_with_cause_and_fix(pins, defaul
     result = resolve(pins, default=default)
     assert not result["ok"]
     assert any(text.startswith(message) for text in result["messages"]), result["messages"]
+
+
+def test_the_current_default_cannot_go_in_the_run_that_switches_away_from_it():
+    other = {"name": "new", "tensorflow": "2.12", "cuda": "11.8", "cudnn": "8.6", "venv": "/srv/new"}
+    result = resolve([dict(KEEP, state="absent"), other], default="new", current_default="tf2.12")
+    assert not result["ok"]
+    assert result["messages"][0].startswith(
+        "tf2.12: Stack 'tf2.12' has state: absent, but it is this host's default now (/etc/tf-stacks/default);"
+    )
+    assert "Run once with 'tf2.12' present" in result["messages"][0]
+    # Once the host serves the new default, the old one can go.
+    assert resolve([dict(KEEP, state="absent"), other], default="new", current_default="new")["ok"]
+
+
+# --- which stack the default pointers serve (issue 12, item 4) --------------------------------------
+
+SECOND = {"name": "tf2.12-b", "tensorflow": "2.12", "cuda": "11.8", "cudnn": "8.6", "venv": "/srv/b"}
+
+
+def _served(current, default="tf2.12-b"):
+    result = resolve([KEEP, SECOND], default=default)
+    assert result["ok"], result["messages"]
+    return gpu_stack.serve_default(result["stacks"], current)
+
+
+@pytest.mark.parametrize(
+    ("current", "served", "pending"),
+    [
+        ("tf2.12", "tf2.12", "tf2.12-b"),  # a new default waits for its verification
+        ("tf2.12-b", "tf2.12-b", None),  # already the host's default
+        ("", "tf2.12-b", None),  # a new host: nothing to keep
+        ("gone", "tf2.12-b", None),  # the host's default is no present stack: nothing to keep
+    ],
+    ids=["switch-waits", "converged", "new-host", "current-not-declared"],
+)
+def test_the_pointers_serve_the_current_default_until_the_declared_one_verified(current, served, pending):
+    result = _served(current)
+    assert result["default"]["name"] == served
+    assert [s["name"] for s in result["stacks"] if s["default"]] == [served]
+    assert [s["name"] for s in result["stacks"] if s["declared_default"]] == ["tf2.12-b"]
+    assert (result["pending"] or {}).get("name") == pending
+
+
+def test_serving_the_verified_stack_ends_the_switch_and_serving_back_restores_it():
+    waiting = _served("tf2.12")
+    switched = gpu_stack.serve_default(waiting["stacks"], waiting["pending"]["name"])
+    assert (switched["default"]["name"], switched["pending"]) == ("tf2.12-b", None)
+    back = gpu_stack.serve_default(switched["stacks"], "tf2.12")
+    assert (back["default"]["name"], back["pending"]["name"]) == ("tf2.12", "tf2.12-b")
+    assert gpu_stack.serve_default([], "tf2.12") == {"stacks": [], "default": None, "pending": None}
+
+
+def test_a_held_back_declared_default_leaves_nothing_pending():
+    waiting = _served("tf2.12")
+    held = [s for s in waiting["stacks"] if s["name"] != "tf2.12-b"]
+    result = gpu_stack.serve_default(held, "tf2.12")
+    assert (result["default"]["name"], result["pending"]) == ("tf2.12", None)

@@ -457,7 +457,21 @@ def _row_notes(doc: Any) -> dict[str, Any]:
         ],
         "_unreachable": bool(_get(doc, "unreachable")),
         "_reboot": _reboot_note(doc),
+        "_default": _default_note(doc),
     }
+
+
+def _default_note(doc: Any) -> list[str]:
+    """What became of a switch to a newly declared default stack (gpu_verify's default_switch)."""
+    switch = _get(doc, "default_switch")
+    if not isinstance(switch, dict) or not switch.get("to"):
+        return []
+    if switch.get("switched"):
+        return [f"default stack switched: {switch.get('from')} -> {switch.get('to')} (verified first)"]
+    return [
+        f"default stays {switch.get('from')}: the declared default {switch.get('to')} did not pass "
+        "verification; it becomes the default once it does"
+    ]
 
 
 def _reboot_note(doc: Any) -> list[str]:
@@ -561,7 +575,7 @@ def build_report(results: dict[str, Any], run_id: str | None, now: datetime.date
             "rows": [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows],
             "problems": [dict(p, stack=r["host"]) for r in rows for p in r["_problems"]],
             "mode_notes": sorted({r["_mode_note"] for r in rows if r["_mode_note"]})
-            + sorted({note for r in rows for note in r["_overridden"] + r["_reboot"]})
+            + sorted({note for r in rows for note in r["_overridden"] + r["_reboot"] + r["_default"]})
             + [r["_utilisation"] for r in rows if r["_utilisation"]]
             + [f"{r['host']}: {fact}" if len(rows) > 1 else fact for r in rows for fact in r["_facts"]],
             "results": docs,
