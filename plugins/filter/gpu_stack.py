@@ -334,8 +334,16 @@ MESSAGES: dict[str, Message] = {
     ),
     "shared_cudnn": Message(
         "cudnn",
-        "Stacks {first} and {second} want cuDNN {first_version} and {second_version} in the same {root}.",
-        "Pin the same cuDNN release for stacks that share a CUDA version.",
+        "Stacks {first} and {second} want cuDNN {first_version} and {second_version} in the same {root}; one "
+        "toolkit tree holds one cuDNN, and cuDNN of another major cannot serve both.",
+        "Pin one cuDNN major for the stacks on this CUDA release (the highest minor then serves both), or put one "
+        "stack on another CUDA release, which gets its own tree.",
+    ),
+    "cudnn_unified": Message(
+        "cudnn",
+        "Stacks {names} share {root} and pin cuDNN {pinned}; each gets cuDNN {version}, the highest of one major, "
+        "which serves them all (TensorFlow loads a cuDNN of its build's major with an equal or higher minor).",
+        "Nothing to do; pin cuDNN {short} in each of them to silence this.",
     ),
     "shared_venv": Message(
         "venv",
@@ -959,6 +967,30 @@ def _check_shared_tree(stack: dict, other: dict) -> list[Problem]:
     return problems
 
 
+def _unify_cudnn(stacks: list[dict]) -> tuple[list[dict], list[Problem]]:
+    """Stacks that share a toolkit tree share the cuDNN copied into it: when their cuDNN pins differ
+    within one major, every one of them gets the highest (issue 12, item 1), with a warning. Pins of
+    different majors stay as they are, for :func:`_check_shared_tree` to refuse."""
+    groups: dict[str, list[int]] = {}
+    for index, stack in enumerate(stacks):
+        if stack["cuda_toolkit"] and stack["cudnn"]:
+            groups.setdefault(stack["cuda_toolkit"]["root"], []).append(index)
+    chosen: dict[int, dict] = {}
+    warnings = []
+    for root, members in groups.items():
+        records = [stacks[i]["cudnn"] for i in members]
+        versions = {r["version"] for r in records}
+        if len(versions) < 2 or len({_int_parts(v)[0] for v in versions}) > 1:
+            continue
+        best = max(records, key=lambda record: _v(record["version"]))
+        chosen.update(dict.fromkeys(members, best))
+        names = ", ".join(str(stacks[i]["name"]) for i in members)
+        fields = {"names": names, "root": root, "version": best["version"], "short": best["short"]}
+        pinned = ", ".join(sorted(versions, key=_v))
+        warnings.append(_problem(stacks[members[0]]["name"], "cudnn_unified", pinned=pinned, **fields))
+    return [dict(s, cudnn=chosen[i]) if i in chosen else s for i, s in enumerate(stacks)], warnings
+
+
 def _check_side_by_side(stacks: list[dict]) -> list[Problem]:
     """One toolkit tree per CUDA X.Y, one cuDNN per tree, one stack per venv (explicit or the
     default ``/opt/tensorflow/X.Y``, compared normalised: ``/srv/tf/`` is ``/srv/tf``)."""
@@ -1016,6 +1048,8 @@ def resolve_stacks(pins: list[dict], matrix: dict, manifest: dict, host: dict, d
     problems += found
     stacks, found, warnings = _resolve_each(pins, matrix, manifest, host, default)
     problems += found
+    stacks, found = _unify_cudnn(stacks)
+    warnings += found
     problems += _check_side_by_side(stacks)
     absent, found = _resolve_absent(absent_pins, matrix, stacks)
     problems += found

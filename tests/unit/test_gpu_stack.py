@@ -422,14 +422,37 @@ def test_two_stacks_share_a_venv():
     ]
 
 
-def test_two_stacks_want_different_cudnn_in_one_toolkit():
+def test_two_stacks_in_one_toolkit_get_the_highest_cudnn_of_one_major():
     result = resolve(
-        [{"name": "a", "tensorflow": "2.12"}, {"name": "b", "tensorflow": "2.13", "cudnn": "8.7"}],
+        [{"name": "a", "tensorflow": "2.12"}, {"name": "b", "tensorflow": "2.13", "cudnn": "8.7", "venv": "/srv/b"}],
         manifest=_manifest(**CUDNN_87),
     )
+    assert result["ok"], result["messages"]
+    assert [s["cudnn"]["version"] for s in result["stacks"]] == ["8.7.0.84", "8.7.0.84"]
+    assert {s["cudnn"]["archive"]["file"] for s in result["stacks"]} == {
+        "cudnn-linux-x86_64-8.7.0.84_cuda11-archive.tar.xz"
+    }
+    warning = next(w for w in result["warnings"] if w["check"] == "cudnn")
+    assert warning["cause"].startswith(
+        "Stacks a, b share /usr/local/cuda-11.8 and pin cuDNN 8.6.0.163, 8.7.0.84; each gets cuDNN 8.7.0.84"
+    )
+
+
+def test_two_stacks_in_one_toolkit_with_cudnn_of_two_majors_stop_with_the_conflict():
+    result = resolve(
+        [
+            {"name": "a", "tensorflow": "2.17"},
+            {"name": "b", "tensorflow": "2.18", "cuda": "12.3", "cudnn": "9.3", "venv": "/srv/b"},
+        ],
+        driver="545.23.08",
+        manifest=_manifest(**CUDNN_89, **CUDNN_93, **CUDA_123),
+        driver_install=False,
+    )
     assert result["messages"] == [
-        "b: Stacks a and b want cuDNN 8.6.0.163 and 8.7.0.84 in the same /usr/local/cuda-11.8. "
-        "Pin the same cuDNN release for stacks that share a CUDA version."
+        "b: Stacks a and b want cuDNN 8.9.7.29 and 9.3.0.75 in the same /usr/local/cuda-12.3; one toolkit tree "
+        "holds one cuDNN, and cuDNN of another major cannot serve both. Pin one cuDNN major for the stacks on this "
+        "CUDA release (the highest minor then serves both), or put one stack on another CUDA release, which gets "
+        "its own tree."
     ]
 
 
