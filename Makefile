@@ -12,7 +12,7 @@ export ANSIBLE_HOME := $(CURDIR)/.ansible
 export ANSIBLE_FORCE_COLOR ?= 0
 STANDINS := build/standins
 PYTEST_UNIT := tests/unit
-EE_TAG ?= gpu-fleet-tf-hosts-ee:0.11.0
+EE_TAG ?= gpu-fleet-tf-hosts-ee:0.12.0
 
 .PHONY: help deps venv image standins sandbox demo demo-clean lint unit sanity molecule integration test bench locks ee-context ee clean
 
@@ -47,9 +47,9 @@ image: deps
 
 standins: deps
 	python3 tests/fixtures/nvidia/build_standins.py --out $(STANDINS)
-	python3 tests/fixtures/nvidia/build_standins.py --out $(STANDINS)-multi --debs none \
-	    --cuda 11.8.0:520.61.05:11.8.89:11.8.20220929 --cuda 11.7.1:515.65.01:11.7.99 \
-	    --cudnn 8.6.0.163:11 --cudnn 8.9.7.29:11
+	python3 tests/fixtures/nvidia/build_standins.py --out $(STANDINS)-multi --debs none --driver 555.42.06 \
+	    --cuda 11.8.0:520.61.05:11.8.89:11.8.20220929 --cuda 12.5.1:555.42.06:12.5.82 \
+	    --cudnn 8.6.0.163:11 --cudnn 9.3.0.75:12
 
 sandbox: image
 	tools/sandbox.sh up

@@ -1,6 +1,7 @@
-"""Two stacks on one host after site.yml (testinfra, podman backend): each venv loads its own
-toolkit's libcudart.so.11.0 and libcudnn.so.8 in every context, though the loader cache serves the
-default stack only; tf-stack lists both."""
+"""Two stacks on one host after site.yml (testinfra, podman backend): TensorFlow 2.12 on CUDA 11.8
+and cuDNN 8.6, TensorFlow 2.18 on CUDA 12.5 and cuDNN 9.3. Each venv loads its own toolkit's
+libcudart and libcudnn in every context, though the loader cache serves the default stack only;
+tf-stack lists both. (Two toolkits with the same sonames are tests/unit/test_tf_stack.py's case.)"""
 
 from __future__ import annotations
 
@@ -9,34 +10,48 @@ import shlex
 
 import pytest
 
-STACKS = {  # name: (venv, toolkit, cudaRuntimeGetVersion, cudnnGetVersion)
-    "tf2.12": ("/opt/tensorflow/2.12", "/usr/local/cuda-11.8", 11080, 8600),
-    "tf2.12-cu117": ("/opt/tensorflow/2.12-cu117", "/usr/local/cuda-11.7", 11070, 8907),
+STACKS = {  # name: (venv, toolkit, cudaRuntimeGetVersion, cudnnGetVersion, TensorFlow)
+    "tf2.12": ("/opt/tensorflow/2.12", "/usr/local/cuda-11.8", 11080, 8600, "2.12.1"),
+    "tf2.18": ("/opt/tensorflow/2.18", "/usr/local/cuda-12.5", 12050, 90300, "2.18.1"),
 }
-PROBE = (
-    "import ctypes, json; rt = ctypes.CDLL('libcudart.so.11.0'); v = ctypes.c_int();"
-    "rt.cudaRuntimeGetVersion(ctypes.byref(v)); dnn = ctypes.CDLL('libcudnn.so.8');"
-    "dnn.cudnnGetVersion.restype = ctypes.c_size_t; ctypes.CDLL('libcudnn_ops_infer.so.8');"
-    "print(json.dumps([v.value, dnn.cudnnGetVersion(),"
-    " sorted({l.split()[-1] for l in open('/proc/self/maps') if 'libcud' in l})]))"
-)
-ARG = shlex.quote(PROBE)
-CONTEXTS = {  # @venv@, @name@ and @other@ (the other stack's name) are filled in
-    "direct": "@venv@/bin/python -c " + ARG,
-    "cron-like empty environment": "env -i @venv@/bin/python -c " + ARG,
-    "under the other stack's environment": "tf-stack run @other@ -- @venv@/bin/python -c " + ARG,
-    "sudo to another user": "sudo -u nobody @venv@/bin/python -c " + ARG,
-    "activated shell": "sh -c " + shlex.quote(". @venv@/bin/activate && python -c " + ARG),
-    "tf-stack run": "tf-stack run @name@ -- python -c " + ARG,
+SONAMES = {  # name: (libcudart, libcudnn, one of cuDNN's sub-libraries), as NVIDIA names them
+    "tf2.12": ("libcudart.so.11.0", "libcudnn.so.8", "libcudnn_ops_infer.so.8"),
+    "tf2.18": ("libcudart.so.12", "libcudnn.so.9", "libcudnn_ops.so.9"),
+}
+
+
+def probe(name: str) -> str:
+    """Python source that loads stack ``name``'s libraries by soname, as TensorFlow does, and prints
+    the runtime's and cuDNN's versions and the files the process mapped."""
+    cudart, cudnn, part = SONAMES[name]
+    return (
+        f"import ctypes, json; rt = ctypes.CDLL('{cudart}'); v = ctypes.c_int();"
+        f"rt.cudaRuntimeGetVersion(ctypes.byref(v)); dnn = ctypes.CDLL('{cudnn}');"
+        f"dnn.cudnnGetVersion.restype = ctypes.c_size_t; ctypes.CDLL('{part}');"
+        "print(json.dumps([v.value, dnn.cudnnGetVersion(),"
+        " sorted({l.split()[-1] for l in open('/proc/self/maps') if 'libcud' in l})]))"
+    )
+
+
+CONTEXTS = {  # @venv@, @name@, @other@ (the other stack's name) and @arg@ (the probe) are filled in
+    "direct": "@venv@/bin/python -c @arg@",
+    "cron-like empty environment": "env -i @venv@/bin/python -c @arg@",
+    "under the other stack's environment": "tf-stack run @other@ -- @venv@/bin/python -c @arg@",
+    "sudo to another user": "sudo -u nobody @venv@/bin/python -c @arg@",
+    "activated shell": "sh -c @activated@",
+    "tf-stack run": "tf-stack run @name@ -- python -c @arg@",
 }
 
 
 @pytest.mark.parametrize("context", sorted(CONTEXTS))
 @pytest.mark.parametrize("name", sorted(STACKS))
 def test_each_venv_loads_its_own_toolkit_in_every_context(host, name, context):
-    venv, root, runtime, cudnn = STACKS[name]
+    venv, root, runtime, cudnn, _tf = STACKS[name]
     other = next(key for key in STACKS if key != name)
-    command = CONTEXTS[context].replace("@venv@", venv).replace("@name@", name).replace("@other@", other)
+    arg = shlex.quote(probe(name))
+    activated = shlex.quote(f". {venv}/bin/activate && python -c {arg}")
+    command = CONTEXTS[context].replace("@activated@", activated).replace("@arg@", arg)
+    command = command.replace("@venv@", venv).replace("@name@", name).replace("@other@", other)
     out = host.run(command)
     assert out.rc == 0, out.stderr
     found_runtime, found_cudnn, files = json.loads(out.stdout)
@@ -46,7 +61,7 @@ def test_each_venv_loads_its_own_toolkit_in_every_context(host, name, context):
 
 def test_the_loader_cache_serves_the_default_stack_only(host):
     cache = host.run("ldconfig -p").stdout
-    assert "/usr/local/cuda-11.8/" in cache and "/usr/local/cuda-11.7/" not in cache
+    assert "/usr/local/cuda-11.8/" in cache and "/usr/local/cuda-12.5/" not in cache
     assert host.file("/usr/local/cuda").linked_to == "/usr/local/cuda-11.8"
 
 
@@ -57,25 +72,26 @@ def test_tf_stack_lists_both_with_the_default_marked(host):
     assert listed["default"] == "tf2.12"
     rows = {row["TF_STACK"]: row for row in listed["stacks"]}
     assert sorted(rows) == sorted(STACKS) and all(row["TF_STACK_HEALTH"] == "ok" for row in rows.values())
-    assert (rows["tf2.12-cu117"]["TF_STACK_CUDA"], rows["tf2.12-cu117"]["TF_STACK_CUDNN"]) == ("11.7.1", "8.9.7.29")
+    assert (rows["tf2.18"]["TF_STACK_CUDA"], rows["tf2.18"]["TF_STACK_CUDNN"]) == ("12.5.1", "9.3.0.75")
 
 
 @pytest.mark.parametrize("name", sorted(STACKS))
 def test_tensorflow_imports_in_each_venv(host, name):
-    out = host.run(f"env -i {STACKS[name][0]}/bin/python -c 'import tensorflow as tf; print(tf.__version__)'")
-    assert out.rc == 0 and out.stdout.strip() == "2.12.1", out.stderr[-2000:]
+    venv, _root, _runtime, _cudnn, version = STACKS[name]
+    out = host.run(f"env -i {venv}/bin/python -c 'import tensorflow as tf; print(tf.__version__)'")
+    assert out.rc == 0 and out.stdout.strip() == version, out.stderr[-2000:]
 
 
 def test_each_cudnn_went_into_its_own_toolkit(host):
-    for root, version in (("/usr/local/cuda-11.8", "8.6.0"), ("/usr/local/cuda-11.7", "8.9.7")):
-        assert host.file(f"{root}/lib64/libcudnn.so.8").linked_to.endswith(f"libcudnn.so.{version}")
+    for root, soname, version in (
+        ("/usr/local/cuda-11.8", "libcudnn.so.8", "8.6.0"),
+        ("/usr/local/cuda-12.5", "libcudnn.so.9", "9.3.0"),
+    ):
+        assert host.file(f"{root}/lib64/{soname}").linked_to.endswith(f"{soname[:-2]}.{version}")
 
 
 def test_without_the_binding_the_loader_cache_decides(host):
-    """The control case: with the binding turned off, the second stack's venv loads the default
-    stack's CUDA 11.8 and cuDNN 8.6 from the loader cache, the mix the binding prevents."""
-    out = host.run(f"env -i TF_STACK_BIND=0 {STACKS['tf2.12-cu117'][0]}/bin/python -c {ARG}")
-    assert out.rc == 0, out.stderr
-    found_runtime, found_cudnn, files = json.loads(out.stdout)
-    assert (found_runtime, found_cudnn) == (11080, 8600)
-    assert all(path.startswith("/usr/local/cuda-11.8/") for path in files), files
+    """The control case: with the binding turned off, tf2.18's venv finds no CUDA 12 runtime at all,
+    since the loader cache serves the default stack (CUDA 11.8) only; the binding is what finds it."""
+    out = host.run(f"env -i TF_STACK_BIND=0 {STACKS['tf2.18'][0]}/bin/python -c {shlex.quote(probe('tf2.18'))}")
+    assert out.rc != 0 and "libcudart.so.12" in out.stderr, out.stdout + out.stderr

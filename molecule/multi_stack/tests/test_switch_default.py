@@ -1,16 +1,16 @@
 """Switching the default stack (issue 12, item 4), after test_multi_stack.py, on the same host.
 
-Each step runs the real site.yml with tf2.12-cu117 declared the default (the host serves tf2.12):
+Each step runs the real site.yml with tf2.18 declared the default (the host serves tf2.12):
 
 1. Its cuDNN archive pinned with another sha256 (a manifest overlay): the stack is held back, tf2.12
    stays the default and is verified, and the run fails naming the archive.
-2. Its libcudnn swapped on the host for the 8.6 one, so that it installs but fails verification:
+2. Its libcudnn swapped on the host for tf2.12's 8.6 one, so that it installs but fails verification:
    no switch, tf2.12 stays the default, the run fails saying so.
 3. Its library restored: it verifies, becomes the default (/usr/local/cuda, the loader cache,
    /etc/tf-stacks/default) and is checked again through the system library path.
 
 The steps depend on each other and run in this order (pytest keeps a module's order); the host then
-serves tf2.12-cu117, which side_effect.yml relies on when it removes tf2.12.
+serves tf2.18, which side_effect.yml relies on when it removes tf2.12.
 """
 
 from __future__ import annotations
@@ -29,11 +29,11 @@ sys.path.insert(0, str(ROOT / "tests"))
 from ansible_run import latest_report, run_playbook
 
 HOST = "molecule-gpu-multi_stack"
-OLD, NEW = "tf2.12", "tf2.12-cu117"
-NEW_CUDNN = "cudnn-linux-x86_64-8.9.7.29_cuda11-archive.tar.xz"
+OLD, NEW = "tf2.12", "tf2.18"
+NEW_CUDNN = "cudnn-linux-x86_64-9.3.0.75_cuda12-archive.tar.xz"
 STANDINS = ROOT / "build/standins-multi"
 INVENTORY = "inventory"
-BACKUP = "/root/libcudnn-cu117.saved"
+BACKUP = "/root/libcudnn-tf2.18.saved"
 
 
 def podman_exec(*argv: str) -> subprocess.CompletedProcess:
@@ -123,9 +123,9 @@ def test_a_stack_with_a_bad_checksum_is_held_back_and_the_default_stays(bad_chec
 
 @pytest.fixture(scope="module")
 def failed_verification(workdir, bad_checksum):
-    """Step 2: NEW's libcudnn replaced by OLD's on the host (it still installs, but verifies 8.6)."""
+    """Step 2: NEW's libcudnn replaced by OLD's on the host (it still installs, but is cuDNN 8.6)."""
     host_sh(
-        f'new=$(readlink -f /usr/local/cuda-11.7/lib64/libcudnn.so.8); cp -p "$new" {BACKUP};'
+        f'new=$(readlink -f /usr/local/cuda-12.5/lib64/libcudnn.so.9); cp -p "$new" {BACKUP};'
         ' cp -f $(readlink -f /usr/local/cuda-11.8/lib64/libcudnn.so.8) "$new"'
     )
     return site(workdir)
@@ -145,7 +145,7 @@ def test_a_default_that_fails_verification_is_not_switched_to(failed_verificatio
 @pytest.fixture(scope="module")
 def switched(workdir, failed_verification):
     """Step 3: NEW's libcudnn put back."""
-    host_sh(f"cp -pf {BACKUP} $(readlink -f /usr/local/cuda-11.7/lib64/libcudnn.so.8); rm -f {BACKUP}")
+    host_sh(f"cp -pf {BACKUP} $(readlink -f /usr/local/cuda-12.5/lib64/libcudnn.so.9); rm -f {BACKUP}")
     return site(workdir)
 
 
@@ -154,10 +154,10 @@ def test_a_default_that_verifies_takes_over_every_pointer(switched):
     assert run.returncode == 0, run.stdout[-6000:]
     assert f"Default stack switched: {OLD} -> {NEW}" in run.stdout
     assert served() == {
-        "cuda": "/usr/local/cuda-11.7",
+        "cuda": "/usr/local/cuda-12.5",
         "registry": f"{NEW}.env",
-        "ld_conf": "/usr/local/cuda-11.7/lib64",
-        "cache": ["/usr/local/cuda-11.7"],
+        "ld_conf": "/usr/local/cuda-12.5/lib64",
+        "cache": ["/usr/local/cuda-12.5"],
     }
     assert entry["status"] == "PASS", entry["problems"]
     assert f"default stack switched: {OLD} -> {NEW} (verified first)" in entry["mode_notes"]
