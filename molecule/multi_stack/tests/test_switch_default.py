@@ -6,7 +6,10 @@ Each step runs the real site.yml with tf2.18 declared the default (the host serv
    stays the default and is verified, and the run fails naming the archive.
 2. Its libcudnn swapped on the host for tf2.12's 8.6 one, so that it installs but fails verification:
    no switch, tf2.12 stays the default, the run fails saying so.
-3. Its library restored: it verifies, becomes the default (/usr/local/cuda, the loader cache,
+3. Its library restored, but another libcudnn.so.9 (cuDNN 9.1.0) first on the system library path:
+   it verifies through its binding, takes over, fails the check through the system library path,
+   and tf2.12 is put back.
+4. That library gone: it verifies, becomes the default (/usr/local/cuda, the loader cache,
    /etc/tf-stacks/default) and is checked again through the system library path.
 
 The steps depend on each other and run in this order (pytest keeps a module's order); the host then
@@ -27,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "tests"))
 
 from ansible_run import latest_report, run_playbook
+from conftest import load_builder
 
 HOST = "molecule-gpu-multi_stack"
 OLD, NEW = "tf2.12", "tf2.18"
@@ -34,6 +38,8 @@ NEW_CUDNN = "cudnn-linux-x86_64-9.3.0.75_cuda12-archive.tar.xz"
 STANDINS = ROOT / "build/standins-multi"
 INVENTORY = "inventory"
 BACKUP = "/root/libcudnn-tf2.18.saved"
+SHADOW = "/opt/shadow-cudnn"  # another cuDNN 9, first in ld.so.conf.d (step 3)
+SHADOW_CONF = "/etc/ld.so.conf.d/00-shadow-cudnn.conf"
 
 
 def podman_exec(*argv: str) -> subprocess.CompletedProcess:
@@ -143,9 +149,39 @@ def test_a_default_that_fails_verification_is_not_switched_to(failed_verificatio
 
 
 @pytest.fixture(scope="module")
-def switched(workdir, failed_verification):
-    """Step 3: NEW's libcudnn put back."""
+def rolled_back(workdir, failed_verification):
+    """Step 3: NEW's libcudnn put back; a stand-in cuDNN 9.1.0 in SHADOW, ahead of every toolkit in
+    the loader cache (ld.so.conf.d reads 00-shadow-cudnn.conf before gpu-env.conf)."""
     host_sh(f"cp -pf {BACKUP} $(readlink -f /usr/local/cuda-12.5/lib64/libcudnn.so.9); rm -f {BACKUP}")
+    builder = load_builder().Builder(workdir / "build", force=True, driver_cuda_override=None)
+    shadow = builder.compile_lib(
+        "libcudnn.c",
+        workdir / "libcudnn.so.9.1.0",
+        "libcudnn.so.9",
+        {"STANDIN_CUDNN_VERSION": "90100", "STANDIN_CUDART_VERSION": "12050"},
+    )
+    copied = subprocess.run(["podman", "cp", str(shadow), f"{HOST}:/tmp/libcudnn.so.9.1.0"], capture_output=True)
+    assert copied.returncode == 0, copied.stderr
+    host_sh(f"mkdir -p {SHADOW} && mv /tmp/libcudnn.so.9.1.0 {SHADOW}/ && echo {SHADOW} > {SHADOW_CONF} && ldconfig")
+    return site(workdir)
+
+
+def test_a_default_that_fails_through_the_system_path_is_switched_back(rolled_back):
+    run, entry = rolled_back
+    assert run.returncode != 0
+    assert f"The default stays {OLD}; {NEW} becomes the default once it verifies. Stack {NEW}" in run.stdout
+    assert served() == OLD_SERVED
+    by_stack = rows(entry)
+    assert by_stack[OLD]["status"] == "PASS" and by_stack[NEW]["status"] != "PASS"
+    causes = " ".join(p["cause"] for p in entry["problems"] if p["stack"] == f"{HOST} ({NEW})")
+    assert f"{SHADOW}/libcudnn.so.9" in causes, causes
+    assert json.loads(host_sh("tf-stack list --json"))["default"] == OLD
+
+
+@pytest.fixture(scope="module")
+def switched(workdir, rolled_back):
+    """Step 4: the other cuDNN gone."""
+    host_sh(f"rm -rf {SHADOW} {SHADOW_CONF} && ldconfig")
     return site(workdir)
 
 
