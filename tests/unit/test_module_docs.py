@@ -47,6 +47,13 @@ def test_ansible_doc_renders_nvidia_gpu_facts():
         assert text in out.stdout, text
 
 
+def test_ansible_doc_renders_gpu_host_state():
+    out = ansible_doc("-t", "module", f"{COLLECTION}.gpu_host_state")
+    assert out.returncode == 0, out.stderr
+    for text in ("gpu_host_state", "target_exists", "max_bytes", "RETURN VALUES"):
+        assert text in out.stdout, text
+
+
 def test_ansible_doc_renders_collection_path_lookup():
     out = ansible_doc("-t", "lookup", f"{COLLECTION}.collection_path")
     assert out.returncode == 0, out.stderr

@@ -1,0 +1,226 @@
+#!/usr/bin/python
+# Copyright: gpu-fleet maintainers
+# Apache License 2.0 (see galaxy.yml)
+"""Ansible module gpu_host_state: the state of many paths on the host in one round trip."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: gpu_host_state
+short_description: Read the state of many paths on the host in one round trip
+description:
+  - Looks at every path of O(stat), reads every file of O(read), lists what each pattern of O(glob)
+    matches and hashes every file directly in each folder of O(tree), in one module run. A role's probe of a converged host is then one task, not one
+    C(ansible.builtin.stat) or C(ansible.builtin.slurp) per path; on a podman or ssh connection each
+    task is a round trip of a second or more.
+  - Changes nothing on the host. A path that is missing or cannot be read is reported, never an error.
+version_added: "0.13.0"
+author:
+  - gpu-fleet maintainers (!UNKNOWN)
+options:
+  stat:
+    description:
+      - Absolute paths to look at, without following a final symbolic link (like C(ansible.builtin.stat)
+        with C(follow=false)).
+    type: list
+    elements: path
+    default: []
+  read:
+    description:
+      - Absolute paths of small text files to read (at most O(max_bytes) each), such as completion
+        records and version files.
+    type: list
+    elements: path
+    default: []
+  glob:
+    description:
+      - Absolute shell patterns (Python's C(glob), not recursive); each gives the sorted paths it matches,
+        links included whether or not they resolve.
+    type: list
+    elements: path
+    default: []
+  tree:
+    description:
+      - Absolute folders whose files (not below sub-folders; links to files followed, as
+        C(ansible.builtin.copy) follows them in its source) are hashed with SHA-1, the algorithm of
+        C(ansible.builtin.stat)'s C(checksum) and of C(ansible.builtin.copy).
+    type: list
+    elements: path
+    default: []
+  max_bytes:
+    description:
+      - The most bytes read from each file of O(read); a longer file is reported as too big.
+    type: int
+    default: 1048576
+extends_documentation_fragment:
+  - action_common_attributes
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: none
+  platform:
+    platforms: posix
+seealso:
+  - module: ansible.builtin.stat
+  - module: ansible.builtin.slurp
+"""
+
+EXAMPLES = r"""
+- name: Look at the driver's files in one round trip
+  gpu_fleet.tf_hosts.gpu_host_state:
+    stat:
+      - /usr/lib/x86_64-linux-gnu/libcuda.so.1
+      - /usr/bin/nvidia-uninstall
+    read:
+      - /var/lib/gpu_fleet/nvidia_driver.done
+  register: driver_state
+
+- name: Say whether the uninstaller is there
+  ansible.builtin.debug:
+    msg: "{{ driver_state.stat['/usr/bin/nvidia-uninstall'].exists }}"
+"""
+
+RETURN = r"""
+stat:
+  description:
+    - One entry per path of O(stat), keyed by the path as given.
+    - C(exists), C(isdir), C(isreg), C(islnk) (booleans, of the path itself) and C(target_exists) (whether
+      what the path finally points at, through every link, exists; false for a dangling link); where the
+      path exists also C(lnk_source)
+      (the link's target as written, for a link), C(mode) (octal string such as C(0755)), C(uid),
+      C(gid), C(size) and C(mtime).
+  returned: always
+  type: dict
+  sample: {"/usr/local/cuda": {"exists": true, "islnk": true, "isdir": false, "isreg": false, "target_exists": true,
+           "lnk_source": "/usr/local/cuda-11.8", "mode": "0777", "uid": 0, "gid": 0, "size": 20,
+           "mtime": 1764633600.0}}
+read:
+  description:
+    - One entry per path of O(read), keyed by the path as given; the file's text (UTF-8, undecodable
+      bytes replaced), or null where the file is missing, is not a regular file, cannot be read or is
+      longer than O(max_bytes).
+  returned: always
+  type: dict
+  sample: {"/var/lib/gpu_fleet/nvidia_driver.done": "520.61.05 runfile\n"}
+glob:
+  description:
+    - One entry per pattern of O(glob), keyed by the pattern as given; the sorted list of matching paths.
+  returned: always
+  type: dict
+  sample: {"/usr/local/cuda-11.8/lib64/libcudnn*.so.8.*": ["/usr/local/cuda-11.8/lib64/libcudnn.so.8.6.0"]}
+tree:
+  description:
+    - One entry per folder of O(tree), keyed by the folder as given; null where it is not a folder,
+      else a dict of file name to C(checksum) (SHA-1), C(mode), C(uid) and C(gid).
+  returned: always
+  type: dict
+  sample: {"/opt/gpu-verify": {"fit.py": {"checksum": "5d41402abc4b2a76b9719d911017c592ae7b0f2a",
+           "mode": "0755", "uid": 0, "gid": 0}}}
+"""
+
+import glob
+import hashlib
+import os
+import stat as stat_module
+
+from ansible.module_utils.basic import AnsibleModule
+
+
+def path_stat(path: str) -> dict:
+    """What ansible.builtin.stat (follow=false) would say of the path, in short."""
+    try:
+        found = os.lstat(path)
+    except OSError:
+        return {"exists": False, "isdir": False, "isreg": False, "islnk": False, "target_exists": False}
+    mode = found.st_mode
+    result = {
+        "exists": True,
+        "isdir": stat_module.S_ISDIR(mode),
+        "isreg": stat_module.S_ISREG(mode),
+        "islnk": stat_module.S_ISLNK(mode),
+        "target_exists": os.path.exists(path),
+        "mode": f"{stat_module.S_IMODE(mode):04o}",
+        "uid": found.st_uid,
+        "gid": found.st_gid,
+        "size": found.st_size,
+        "mtime": found.st_mtime,
+    }
+    if result["islnk"]:
+        result["lnk_source"] = os.readlink(path)
+    return result
+
+
+def read_text(path: str, max_bytes: int) -> str | None:
+    """The file's text, or None when it is missing, not a regular file, unreadable or too long."""
+    try:
+        if not os.path.isfile(path):
+            return None
+        with open(path, "rb") as handle:
+            data = handle.read(max_bytes + 1)
+    except OSError:
+        return None
+    return None if len(data) > max_bytes else data.decode("utf-8", errors="replace")
+
+
+def sha1(path: str) -> str:
+    digest = hashlib.sha1()  # noqa: S324 - the checksum ansible.builtin.copy compares, not a security use
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def tree_state(folder: str) -> dict | None:
+    """File name -> checksum, mode and owner of the files directly in the folder (links followed)."""
+    if not os.path.isdir(folder):
+        return None
+    files = {}
+    for entry in sorted(os.scandir(folder), key=lambda e: e.name):
+        if not entry.is_file():
+            continue
+        found = entry.stat()
+        try:
+            checksum = sha1(entry.path)
+        except OSError:
+            checksum = None
+        files[entry.name] = {
+            "checksum": checksum,
+            "mode": f"{stat_module.S_IMODE(found.st_mode):04o}",
+            "uid": found.st_uid,
+            "gid": found.st_gid,
+        }
+    return files
+
+
+def host_state(params: dict) -> dict:
+    """The module's result for its parameters (stat, read, glob, tree, max_bytes)."""
+    return {
+        "stat": {path: path_stat(path) for path in params["stat"]},
+        "read": {path: read_text(path, params["max_bytes"]) for path in params["read"]},
+        "glob": {pattern: sorted(glob.glob(pattern)) for pattern in params["glob"]},
+        "tree": {path: tree_state(path) for path in params["tree"]},
+    }
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "stat": {"type": "list", "elements": "path", "default": []},
+            "read": {"type": "list", "elements": "path", "default": []},
+            "glob": {"type": "list", "elements": "path", "default": []},
+            "tree": {"type": "list", "elements": "path", "default": []},
+            "max_bytes": {"type": "int", "default": 1048576},
+        },
+        supports_check_mode=True,
+    )
+    params = module.params
+    relative = [p for key in ("stat", "read", "glob", "tree") for p in params[key] if not os.path.isabs(p)]
+    if relative:
+        module.fail_json(msg=f"gpu_host_state takes absolute paths only; got {', '.join(relative)}.")
+    module.exit_json(changed=False, **host_state(params))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,88 @@
+"""gpu_host_state: what it says of real files, links and folders in a temporary tree, and the module's
+argument handling through AnsibleModule."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+
+import pytest
+from ansible.module_utils.testing import patch_module_args
+from ansible_collections.gpu_fleet.tf_hosts.plugins.modules import gpu_host_state
+
+
+@pytest.fixture
+def tree(tmp_path):
+    (tmp_path / "lib64").mkdir()
+    (tmp_path / "lib64" / "libcudnn.so.8.6.0").write_bytes(b"\x7fELF")
+    (tmp_path / "lib64" / "libcudnn.so.8").symlink_to("libcudnn.so.8.6.0")
+    (tmp_path / "lib64" / "libcudnn_ops.so.8.5.0").write_bytes(b"old")
+    (tmp_path / "lib64" / "dangling.so").symlink_to("gone.so")
+    (tmp_path / "done").write_text("520.61.05 runfile\n")
+    (tmp_path / "big").write_bytes(b"x" * 33)
+    os.chmod(tmp_path / "done", 0o640)
+    return tmp_path
+
+
+def test_stat_tells_files_links_dangling_links_and_missing_paths(tree):
+    lib = str(tree / "lib64")
+    found = gpu_host_state.host_state(
+        {
+            "stat": [f"{lib}/libcudnn.so.8", f"{lib}/dangling.so", f"{lib}/nothing", str(tree / "done")],
+            "read": [],
+            "glob": [],
+            "tree": [],
+            "max_bytes": 1024,
+        }
+    )["stat"]
+    link = found[f"{lib}/libcudnn.so.8"]
+    assert link["exists"] and link["islnk"] and not link["isreg"] and link["target_exists"]
+    assert link["lnk_source"] == "libcudnn.so.8.6.0"
+    dangling = found[f"{lib}/dangling.so"]
+    assert dangling["exists"] and dangling["islnk"] and not dangling["target_exists"]
+    assert found[f"{lib}/nothing"] == {
+        "exists": False,
+        "isdir": False,
+        "isreg": False,
+        "islnk": False,
+        "target_exists": False,
+    }
+    assert found[str(tree / "done")]["isreg"] and found[str(tree / "done")]["mode"] == "0640"
+
+
+def test_read_gives_text_or_none_for_missing_folders_and_too_long_files(tree):
+    paths = [str(tree / "done"), str(tree / "missing"), str(tree / "lib64"), str(tree / "big")]
+    found = gpu_host_state.host_state({"stat": [], "read": paths, "glob": [], "tree": [], "max_bytes": 32})["read"]
+    assert found == {paths[0]: "520.61.05 runfile\n", paths[1]: None, paths[2]: None, paths[3]: None}
+
+
+def test_glob_lists_matches_sorted_with_dangling_links(tree):
+    pattern = str(tree / "lib64" / "*.so*")
+    found = gpu_host_state.host_state({"stat": [], "read": [], "glob": [pattern], "tree": [], "max_bytes": 1})
+    names = [os.path.basename(p) for p in found["glob"][pattern]]
+    assert names == ["dangling.so", "libcudnn.so.8", "libcudnn.so.8.6.0", "libcudnn_ops.so.8.5.0"]
+
+
+def test_tree_hashes_files_and_followed_links_with_the_copy_modules_sha1(tree):
+    found = gpu_host_state.host_state(
+        {"stat": [], "read": [], "glob": [], "tree": [str(tree / "lib64"), str(tree / "done")], "max_bytes": 1}
+    )["tree"]
+    assert found[str(tree / "done")] is None
+    files = found[str(tree / "lib64")]
+    assert sorted(files) == ["libcudnn.so.8", "libcudnn.so.8.6.0", "libcudnn_ops.so.8.5.0"]
+    assert files["libcudnn.so.8"]["checksum"] == files["libcudnn.so.8.6.0"]["checksum"]
+    assert files["libcudnn_ops.so.8.5.0"]["checksum"] == hashlib.sha1(b"old").hexdigest()
+
+
+def run_module(capsys, **args):
+    with patch_module_args(args), pytest.raises(SystemExit) as done:
+        gpu_host_state.main()
+    return done.value.code, json.loads(capsys.readouterr().out)
+
+
+def test_the_module_reports_unchanged_and_refuses_relative_paths(tree, capsys):
+    code, result = run_module(capsys, read=[str(tree / "done")], _ansible_check_mode=True)
+    assert code == 0 and result["changed"] is False and result["read"][str(tree / "done")].startswith("520")
+    code, result = run_module(capsys, stat=["relative/path"])
+    assert code == 1 and "absolute paths only" in result["msg"] and "relative/path" in result["msg"]
