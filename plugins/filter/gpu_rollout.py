@@ -27,6 +27,8 @@ from ansible.errors import AnsibleFilterError
 # Published by gpu_rollout's guard on each host it reached.
 SKIPPED_FACT = "gpu_rollout_skipped"
 PROCESSES_FACT = "gpu_rollout_busy_processes"
+# Published by gpu_rollout's drain on a host whose GPUs still computed when the wait after the drain ran out.
+GIVEN_BACK_FACT = "gpu_rollout_given_back"
 # Published by gpu_verify on each host it verified.
 RESULTS_FACT = "gpu_verify_results"
 
@@ -152,8 +154,15 @@ def _facts(hostvars: Any, host: str) -> Any:
         return {}
 
 
-def skipped_reason(processes: Any) -> str:
-    """Why gpu_rollout's guard skipped a host, for the report."""
+def skipped_reason(processes: Any, given_back: bool = False) -> str:
+    """Why gpu_rollout skipped a host, for the report: its guard (busy before the drain) or its drain
+    (still busy when the wait after the drain ran out: given back unchanged)."""
+    if given_back:
+        return (
+            f"its GPUs still ran compute processes when the wait after the drain ran out: "
+            f"{gpu_rollout_processes(processes)}; it was given back to the scheduler unchanged (rerun when those "
+            "jobs end, raise gpu_rollout_drain_timeout, or set gpu_rollout_force_busy: true)"
+        )
     return (
         f"its GPUs run compute processes: {gpu_rollout_processes(processes)}; it was not drained or changed "
         "(rerun when those jobs end, or set gpu_rollout_force_busy: true)"
@@ -199,7 +208,8 @@ def gpu_rollout_not_verified(
             if facts.get(RESULTS_FACT) or host not in alive:
                 continue
             if facts.get(SKIPPED_FACT):
-                found[host] = {"status": "skipped", "reason": skipped_reason(facts.get(PROCESSES_FACT))}
+                reason = skipped_reason(facts.get(PROCESSES_FACT), bool(facts.get(GIVEN_BACK_FACT)))
+                found[host] = {"status": "skipped", "reason": reason}
             elif later > number and stopped:
                 found[host] = {
                     "status": "not reached",

@@ -10,7 +10,8 @@ DOCUMENTATION = r"""
 module: gpu_host_state
 short_description: Read the state of many paths on the host in one round trip
 description:
-  - Looks at every path of O(stat), reads every file of O(read), lists what each pattern of O(glob)
+  - Looks at every path of O(stat), reads every file of O(read), hashes every file of O(checksum), lists
+    what each pattern of O(glob)
     matches and hashes every file directly in each folder of O(tree), in one module run. A role's probe of a converged host is then one task, not one
     C(ansible.builtin.stat) or C(ansible.builtin.slurp) per path; on a podman or ssh connection each
     task is a round trip of a second or more.
@@ -30,6 +31,13 @@ options:
     description:
       - Absolute paths of small text files to read (at most O(max_bytes) each), such as completion
         records and version files.
+    type: list
+    elements: path
+    default: []
+  checksum:
+    description:
+      - Absolute paths of files to hash with SHA-1, the algorithm of C(ansible.builtin.stat)'s C(checksum)
+        and of C(ansible.builtin.copy); links are followed.
     type: list
     elements: path
     default: []
@@ -88,13 +96,14 @@ stat:
     - One entry per path of O(stat), keyed by the path as given.
     - C(exists), C(isdir), C(isreg), C(islnk) (booleans, of the path itself) and C(target_exists) (whether
       what the path finally points at, through every link, exists; false for a dangling link); where the
-      path exists also C(lnk_source)
-      (the link's target as written, for a link), C(mode) (octal string such as C(0755)), C(uid),
-      C(gid), C(size) and C(mtime).
+      path exists also C(lnk_source) (the link's target as written, for a link), C(mode) (octal string
+      such as C(0755)), C(uid), C(gid), C(owner) and C(group) (names; the number where none is known),
+      C(size) and C(mtime).
   returned: always
   type: dict
   sample: {"/usr/local/cuda": {"exists": true, "islnk": true, "isdir": false, "isreg": false, "target_exists": true,
-           "lnk_source": "/usr/local/cuda-11.8", "mode": "0777", "uid": 0, "gid": 0, "size": 20,
+           "lnk_source": "/usr/local/cuda-11.8", "mode": "0777", "uid": 0, "gid": 0, "owner": "root",
+           "group": "root", "size": 20,
            "mtime": 1764633600.0}}
 read:
   description:
@@ -104,6 +113,13 @@ read:
   returned: always
   type: dict
   sample: {"/var/lib/gpu_fleet/nvidia_driver.done": "520.61.05 runfile\n"}
+checksum:
+  description:
+    - One entry per path of O(checksum), keyed by the path as given; its SHA-1, or null where it is not a
+      file or cannot be read.
+  returned: always
+  type: dict
+  sample: {"/etc/profile.d/gpu-env.sh": "5d41402abc4b2a76b9719d911017c592ae7b0f2a"}
 glob:
   description:
     - One entry per pattern of O(glob), keyed by the pattern as given; the sorted list of matching paths.
@@ -120,12 +136,30 @@ tree:
            "mode": "0755", "uid": 0, "gid": 0}}}
 """
 
-import glob
-import hashlib
-import os
-import stat as stat_module
+import glob  # noqa: E402  (imports follow the documentation blocks, as ansible-test validate-modules requires)
+import grp  # noqa: E402
+import hashlib  # noqa: E402
+import os  # noqa: E402
+import pwd  # noqa: E402
+import stat as stat_module  # noqa: E402
 
-from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+
+
+def _name(lookup, number: int) -> str:
+    """The user or group name of a number (pwd.getpwuid, grp.getgrgid), else the number as text."""
+    try:
+        return lookup(number)[0]
+    except KeyError:
+        return str(number)
+
+
+def file_sha1(path: str) -> str | None:
+    """The file's SHA-1 (links followed), or None when it is not a file or cannot be read."""
+    try:
+        return sha1(path) if os.path.isfile(path) else None
+    except OSError:
+        return None
 
 
 def path_stat(path: str) -> dict:
@@ -144,6 +178,8 @@ def path_stat(path: str) -> dict:
         "mode": f"{stat_module.S_IMODE(mode):04o}",
         "uid": found.st_uid,
         "gid": found.st_gid,
+        "owner": _name(pwd.getpwuid, found.st_uid),
+        "group": _name(grp.getgrgid, found.st_gid),
         "size": found.st_size,
         "mtime": found.st_mtime,
     }
@@ -165,7 +201,7 @@ def read_text(path: str, max_bytes: int) -> str | None:
 
 
 def sha1(path: str) -> str:
-    digest = hashlib.sha1()  # noqa: S324 - the checksum ansible.builtin.copy compares, not a security use
+    digest = hashlib.sha1()  # the checksum ansible.builtin.copy compares, not a security use
     with open(path, "rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
@@ -195,10 +231,11 @@ def tree_state(folder: str) -> dict | None:
 
 
 def host_state(params: dict) -> dict:
-    """The module's result for its parameters (stat, read, glob, tree, max_bytes)."""
+    """The module's result for its parameters (stat, read, checksum, glob, tree, max_bytes)."""
     return {
         "stat": {path: path_stat(path) for path in params["stat"]},
         "read": {path: read_text(path, params["max_bytes"]) for path in params["read"]},
+        "checksum": {path: file_sha1(path) for path in params["checksum"]},
         "glob": {pattern: sorted(glob.glob(pattern)) for pattern in params["glob"]},
         "tree": {path: tree_state(path) for path in params["tree"]},
     }
@@ -209,6 +246,7 @@ def main() -> None:
         argument_spec={
             "stat": {"type": "list", "elements": "path", "default": []},
             "read": {"type": "list", "elements": "path", "default": []},
+            "checksum": {"type": "list", "elements": "path", "default": []},
             "glob": {"type": "list", "elements": "path", "default": []},
             "tree": {"type": "list", "elements": "path", "default": []},
             "max_bytes": {"type": "int", "default": 1048576},
@@ -216,7 +254,7 @@ def main() -> None:
         supports_check_mode=True,
     )
     params = module.params
-    relative = [p for key in ("stat", "read", "glob", "tree") for p in params[key] if not os.path.isabs(p)]
+    relative = [p for key in ("stat", "read", "checksum", "glob", "tree") for p in params[key] if not os.path.isabs(p)]
     if relative:
         module.fail_json(msg=f"gpu_host_state takes absolute paths only; got {', '.join(relative)}.")
     module.exit_json(changed=False, **host_state(params))

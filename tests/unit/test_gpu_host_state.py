@@ -6,10 +6,18 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pwd
 
 import pytest
 from ansible.module_utils.testing import patch_module_args
 from ansible_collections.gpu_fleet.tf_hosts.plugins.modules import gpu_host_state
+
+
+def state(**params):
+    """gpu_host_state's result for these parameters, the others empty."""
+    return gpu_host_state.host_state(
+        {"stat": [], "read": [], "checksum": [], "glob": [], "tree": [], "max_bytes": 1024} | params
+    )
 
 
 @pytest.fixture
@@ -27,15 +35,7 @@ def tree(tmp_path):
 
 def test_stat_tells_files_links_dangling_links_and_missing_paths(tree):
     lib = str(tree / "lib64")
-    found = gpu_host_state.host_state(
-        {
-            "stat": [f"{lib}/libcudnn.so.8", f"{lib}/dangling.so", f"{lib}/nothing", str(tree / "done")],
-            "read": [],
-            "glob": [],
-            "tree": [],
-            "max_bytes": 1024,
-        }
-    )["stat"]
+    found = state(stat=[f"{lib}/libcudnn.so.8", f"{lib}/dangling.so", f"{lib}/nothing", str(tree / "done")])["stat"]
     link = found[f"{lib}/libcudnn.so.8"]
     assert link["exists"] and link["islnk"] and not link["isreg"] and link["target_exists"]
     assert link["lnk_source"] == "libcudnn.so.8.6.0"
@@ -48,26 +48,36 @@ def test_stat_tells_files_links_dangling_links_and_missing_paths(tree):
         "islnk": False,
         "target_exists": False,
     }
-    assert found[str(tree / "done")]["isreg"] and found[str(tree / "done")]["mode"] == "0640"
+    done = found[str(tree / "done")]
+    assert done["isreg"] and done["mode"] == "0640" and done["owner"] == pwd.getpwuid(os.getuid()).pw_name
+
+
+def test_checksum_is_the_sha1_of_files_and_none_for_the_rest(tree):
+    paths = [str(tree / "done"), str(tree / "lib64" / "libcudnn.so.8"), str(tree / "lib64"), str(tree / "nothing")]
+    found = state(checksum=paths)["checksum"]
+    assert found == {
+        paths[0]: hashlib.sha1(b"520.61.05 runfile\n").hexdigest(),
+        paths[1]: hashlib.sha1(b"\x7fELF").hexdigest(),
+        paths[2]: None,
+        paths[3]: None,
+    }
 
 
 def test_read_gives_text_or_none_for_missing_folders_and_too_long_files(tree):
     paths = [str(tree / "done"), str(tree / "missing"), str(tree / "lib64"), str(tree / "big")]
-    found = gpu_host_state.host_state({"stat": [], "read": paths, "glob": [], "tree": [], "max_bytes": 32})["read"]
+    found = state(read=paths, max_bytes=32)["read"]
     assert found == {paths[0]: "520.61.05 runfile\n", paths[1]: None, paths[2]: None, paths[3]: None}
 
 
 def test_glob_lists_matches_sorted_with_dangling_links(tree):
     pattern = str(tree / "lib64" / "*.so*")
-    found = gpu_host_state.host_state({"stat": [], "read": [], "glob": [pattern], "tree": [], "max_bytes": 1})
+    found = state(glob=[pattern])
     names = [os.path.basename(p) for p in found["glob"][pattern]]
     assert names == ["dangling.so", "libcudnn.so.8", "libcudnn.so.8.6.0", "libcudnn_ops.so.8.5.0"]
 
 
 def test_tree_hashes_files_and_followed_links_with_the_copy_modules_sha1(tree):
-    found = gpu_host_state.host_state(
-        {"stat": [], "read": [], "glob": [], "tree": [str(tree / "lib64"), str(tree / "done")], "max_bytes": 1}
-    )["tree"]
+    found = state(tree=[str(tree / "lib64"), str(tree / "done")])["tree"]
     assert found[str(tree / "done")] is None
     files = found[str(tree / "lib64")]
     assert sorted(files) == ["libcudnn.so.8", "libcudnn.so.8.6.0", "libcudnn_ops.so.8.5.0"]

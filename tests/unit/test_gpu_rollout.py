@@ -135,6 +135,16 @@ def test_the_batch_before_a_failure_says_which_hosts_are_still_to_come():
     assert found["busy"]["reason"].startswith("its GPUs run compute processes: python3 pid 4242 (1024 MiB on ")
 
 
+def test_a_host_given_back_after_its_drain_says_so_not_that_it_was_never_drained():
+    given_back = BUSY | {"gpu_rollout_given_back": True}
+    found = gpu_rollout.gpu_rollout_not_verified(["a", "b"], facts(a=given_back, b=VERIFIED), ["a", "b"], "b", 1, 0)
+    reason = found["a"]["reason"]
+    assert found["a"]["status"] == "skipped" and reason == gpu_rollout.skipped_reason([JOB], given_back=True)
+    assert reason.startswith("its GPUs still ran compute processes when the wait after the drain ran out: python3 pid")
+    assert "given back to the scheduler unchanged" in reason and "gpu_rollout_drain_timeout" in reason
+    assert "not drained" not in reason
+
+
 def test_a_failed_batch_that_stops_the_rollout_names_the_host_that_stopped_it():
     hostvars = facts(busy=BUSY, healthy=VERIFIED, failing={}, later={})
     alive = ["busy", "healthy", "later"]

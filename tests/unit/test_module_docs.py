@@ -54,6 +54,13 @@ def test_ansible_doc_renders_gpu_host_state():
         assert text in out.stdout, text
 
 
+def test_ansible_doc_renders_gpu_files():
+    out = ansible_doc("-t", "module", f"{COLLECTION}.gpu_files")
+    assert out.returncode == 0, out.stderr
+    for text in ("gpu_files", "validate", "one round trip", "RETURN VALUES"):
+        assert text in out.stdout, text
+
+
 def test_ansible_doc_renders_collection_path_lookup():
     out = ansible_doc("-t", "lookup", f"{COLLECTION}.collection_path")
     assert out.returncode == 0, out.stderr

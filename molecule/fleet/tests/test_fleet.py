@@ -37,9 +37,10 @@ JOB = "python3 pid 4242 (1024 MiB on GPU-89fdc1e1-18b2-f499-c12b-82bcb9bfb3fa)"
 GPU_COUNT_CAUSE = "4 GPUs expected"
 
 
-def inventory(folder: Path, order: list[str]) -> Path:
+def inventory(folder: Path, order: list[str], drain: list[str] | None = None) -> Path:
     """An inventory folder with the hosts in ``order``, the sandbox's group_vars, Slurm's drain and
-    undrain commands as the hooks, and on the failing host a GPU count its PCI bus does not have."""
+    undrain commands as the hooks (``drain`` replaces the drain command), and on the failing host a GPU
+    count its PCI bus does not have."""
     folder.mkdir(parents=True)
     hosts = {
         host: {"ansible_connection": "gpu_fleet.tf_hosts.podman_pipelined"}
@@ -56,19 +57,24 @@ def inventory(folder: Path, order: list[str]) -> Path:
         ],
         "gpu_rollout_undrain_command": ["scontrol", "update", "nodename={{ inventory_hostname }}", "state=RESUME"],
     }
+    if drain:
+        hooks["gpu_rollout_drain_command"] = drain
     (folder / "hosts.yml").write_text(json.dumps({"gpu_hosts": {"hosts": hosts, "vars": hooks}}))
     (folder / "group_vars").symlink_to(ROOT / "inventories/sandbox/group_vars")
     return folder
 
 
-def rollout(tmp: Path, reports: Path, order: list[str]) -> subprocess.CompletedProcess:
+def rollout(
+    tmp: Path, reports: Path, order: list[str], *extra: str, drain: list[str] | None = None
+) -> subprocess.CompletedProcess:
     return run_playbook(
         "playbooks/reprovision.yml",
-        inventory(tmp / INVENTORY, order),
+        inventory(tmp / INVENTORY, order, drain),
         "-e",
         "gpu_rollout_serial=1",
         "-e",
         f"gpu_verify_report_dir={reports}",
+        *extra,
         timeout=600,
     )
 
@@ -201,3 +207,74 @@ def test_the_markdown_report_names_every_host(reports, second):
     for host in (BUSY, HEALTHY, FAILING):
         assert host in text
     assert f"not reached: the rollout stopped after {FAILING} failed" in text
+
+
+# --- a job that outlives the guard ----------------------------------------------------------------
+# The stand-in nvidia-smi lists the `compute_apps` of its GPU description (tests/fixtures/nvidia/README.md).
+GPUS_JSON = "/etc/nvidia-standin/gpus.json"
+SET_JOBS = (
+    "import json, sys; d = json.load(open(sys.argv[1])); "
+    "d['compute_apps'] = [dict(pid=5151, process_name='train.py', gpu_uuid=d['gpus'][0]['uuid'], "
+    "used_memory_mib=2048)][:int(sys.argv[2])]; json.dump(d, open(sys.argv[1], 'w'))"
+)
+LATE_JOB = "train.py pid 5151 (2048 MiB on GPU-"
+WAIT_TASK = "Wait for the GPUs to have no compute process after the drain"
+# The first task of the reprovisioning after the drain that the checks before it do not run.
+INSTALL_PHASE = "TASK [gpu_fleet.tf_hosts.cuda_toolkit : Look at the files of CUDA"
+
+
+def drain_with_a_job(host: str, ends_after: int) -> list[str]:
+    """The Slurm drain, after which a job shows on the host's first GPU (it started after the guard
+    looked); with ``ends_after`` > 0 the job ends that many seconds later, else it runs on."""
+    end = f'(sleep {ends_after}; python3 -c "$0" {GPUS_JSON} 0) >/dev/null 2>&1 </dev/null &' if ends_after else ""
+    script = f'scontrol update nodename={host} state=DRAIN reason=gpu_fleet; python3 -c "$0" {GPUS_JSON} 1; {end}'
+    return ["sh", "-c", script, SET_JOBS]
+
+
+@pytest.fixture(scope="module")
+def waited(tmp_path_factory, reports, second) -> tuple[subprocess.CompletedProcess, dict, list[str]]:
+    """The healthy host alone; a job shows on it at the drain and ends 6 s later."""
+    before = len(scontrol_calls(HEALTHY))
+    drain = drain_with_a_job(HEALTHY, ends_after=6)
+    run = rollout(tmp_path_factory.mktemp("waited"), reports, [HEALTHY], "-e", "gpu_rollout_drain_poll=2", drain=drain)
+    return run, json.loads(latest_report(reports, INVENTORY).read_text()), scontrol_calls(HEALTHY)[before:]
+
+
+@pytest.fixture(scope="module")
+def given_back(tmp_path_factory, reports, waited) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """The healthy host alone; a job shows on it at the drain and outlives a 4 s wait."""
+    before = len(scontrol_calls(HEALTHY))
+    drain = drain_with_a_job(HEALTHY, ends_after=0)
+    extra = ("-e", "gpu_rollout_drain_timeout=4", "-e", "gpu_rollout_drain_poll=2")
+    try:
+        run = rollout(tmp_path_factory.mktemp("given-back"), reports, [HEALTHY], *extra, drain=drain)
+    finally:
+        podman_exec(HEALTHY, "python3", "-c", SET_JOBS, GPUS_JSON, "0")
+    return run, scontrol_calls(HEALTHY)[before:]
+
+
+def test_a_job_that_ends_after_the_drain_is_waited_for_then_the_host_is_reprovisioned(waited):
+    run, report, calls = waited
+    assert run.returncode == 0, run.stdout[-4000:]
+    retrying = f"FAILED - RETRYING: [{HEALTHY}]: {WAIT_TASK}"
+    assert retrying in run.stdout, run.stdout[-4000:]
+    # Nothing of the reprovisioning started before the job ended.
+    assert run.stdout.rindex(retrying) < _position(run.stdout, INSTALL_PHASE)
+    assert report["hosts"][HEALTHY]["status"] == "PASS"
+    assert calls == [
+        f"update nodename={HEALTHY} state=DRAIN reason=gpu_fleet",
+        f"update nodename={HEALTHY} state=RESUME",
+    ]
+
+
+def test_a_job_that_outlives_the_wait_leaves_the_host_unchanged_and_given_back(given_back):
+    run, calls = given_back
+    assert run.returncode == 0, run.stdout[-4000:]
+    skipped = _position(run.stdout, f"Skipped: {HEALTHY}'s GPUs still run compute processes 4 s after the drain: ")
+    assert LATE_JOB in run.stdout[skipped:]
+    assert INSTALL_PHASE not in run.stdout
+    assert "TASK [gpu_fleet.tf_hosts.gpu_verify : Run the checks" not in run.stdout
+    assert calls == [
+        f"update nodename={HEALTHY} state=DRAIN reason=gpu_fleet",
+        f"update nodename={HEALTHY} state=RESUME",
+    ]

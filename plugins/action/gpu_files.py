@@ -1,0 +1,111 @@
+# Copyright: gpu-fleet maintainers
+# Apache License 2.0 (see galaxy.yml)
+"""Action plugin gpu_files: several small files written with one round trip when they are current.
+
+A ``copy`` or ``template`` task costs two round trips even when nothing changes (a stat, then the file
+module for owner and mode). This action hashes every file's wanted content on the controller, looks at
+all of them on the host with gpu_host_state (one round trip), and runs Ansible's own ``copy`` action
+only for the files that differ. Documentation: plugins/modules/gpu_files.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from ansible.errors import AnsibleActionFail
+from ansible.module_utils.common.text.converters import to_bytes
+from ansible.plugins.action import ActionBase
+
+STATE_MODULE = "gpu_fleet.tf_hosts.gpu_host_state"
+ITEM_KEYS = {"dest", "content", "src", "mode", "owner", "group", "validate"}
+
+
+def item_errors(files: Any) -> list[str]:
+    """What is wrong with the ``files`` argument, one message per problem."""
+    if not isinstance(files, list):
+        return ["files must be a list of {dest, content or src, mode, owner, group, validate}"]
+    errors = []
+    for number, item in enumerate(files, 1):
+        if not isinstance(item, dict):
+            errors.append(f"files item {number} is not a dict")
+            continue
+        name = item.get("dest", f"item {number}")
+        unknown = sorted(set(item) - ITEM_KEYS)
+        if unknown:
+            errors.append(f"{name}: unknown keys {', '.join(unknown)}")
+        if not str(item.get("dest", "")).startswith("/"):
+            errors.append(f"{name}: dest must be an absolute path")
+        if ("content" in item) == ("src" in item):
+            errors.append(f"{name}: give exactly one of content and src")
+        if not isinstance(item.get("mode"), str):
+            errors.append(f"{name}: mode must be a quoted octal string such as '0644'")
+    return errors
+
+
+def stale(item: dict, wanted_sha1: str, found: dict, checksum: str | None) -> bool:
+    """Whether the host's file (gpu_host_state's stat entry and checksum) differs from the item."""
+    return not (
+        found.get("isreg")
+        and checksum == wanted_sha1
+        and found.get("mode") == item["mode"].zfill(4)
+        and found.get("owner") == item.get("owner", "root")
+        and found.get("group") == item.get("group", "root")
+    )
+
+
+class ActionModule(ActionBase):
+    # No temporary folder of its own: the state module runs pipelined, and copy makes one when it writes.
+    TRANSFERS_FILES = False
+    _supports_check_mode = True
+    _supports_diff = True
+
+    def _wanted(self, item: dict) -> bytes:
+        if "content" in item:
+            return to_bytes(item["content"], errors="surrogate_or_strict")
+        with open(self._find_needle("files", item["src"]), "rb") as handle:
+            return handle.read()
+
+    def _copy(self, item: dict, task_vars: dict) -> dict:
+        """Ansible's copy action for one item, with this task's check and diff modes."""
+        task = self._task.copy()
+        task.args = {"owner": "root", "group": "root", **item}
+        action = self._shared_loader_obj.action_loader.get(
+            "ansible.legacy.copy",
+            task=task,
+            connection=self._connection,
+            play_context=self._play_context,
+            loader=self._loader,
+            templar=self._templar,
+            shared_loader_obj=self._shared_loader_obj,
+        )
+        return action.run(task_vars=task_vars)
+
+    def run(self, tmp=None, task_vars=None):
+        result = super().run(tmp, task_vars)
+        files = self._task.args.get("files")
+        errors = item_errors(files) + [f"unknown option {key}" for key in set(self._task.args) - {"files"}]
+        if errors:
+            raise AnsibleActionFail("gpu_files: " + "; ".join(errors))
+        wanted = {item["dest"]: hashlib.sha1(self._wanted(item)).hexdigest() for item in files}
+        state = self._execute_module(
+            module_name=STATE_MODULE,
+            module_args={"stat": list(wanted), "checksum": list(wanted)},
+            task_vars=task_vars,
+        )
+        if state.get("failed"):
+            return state
+        written: dict[str, dict] = {}
+        for item in files:
+            dest = item["dest"]
+            if stale(item, wanted[dest], state["stat"][dest], state["checksum"][dest]):
+                written[dest] = self._copy(item, task_vars)
+                if written[dest].get("failed"):
+                    raise AnsibleActionFail(f"gpu_files: {dest}: {written[dest].get('msg', 'the copy failed')}")
+        result["changed"] = any(done.get("changed") for done in written.values())
+        result["files"] = {dest: {"changed": bool(written.get(dest, {}).get("changed"))} for dest in wanted}
+        diffs = [done["diff"] for done in written.values() if done.get("diff")]
+        if diffs:
+            result["diff"] = [d for diff in diffs for d in (diff if isinstance(diff, list) else [diff])]
+        self._remove_tmp_path(self._connection._shell.tmpdir)
+        return result

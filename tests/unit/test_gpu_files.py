@@ -1,0 +1,51 @@
+"""gpu_files (action plugin): its argument checks and the decision which files need Ansible's copy."""
+
+from __future__ import annotations
+
+import hashlib
+
+from ansible_collections.gpu_fleet.tf_hosts.plugins.action import gpu_files
+
+SHA1 = hashlib.sha1(b"PATH=/usr/local/cuda/bin:$PATH\n").hexdigest()
+ITEM = {"dest": "/etc/profile.d/gpu-env.sh", "content": "PATH=/usr/local/cuda/bin:$PATH\n", "mode": "0644"}
+CURRENT = {"isreg": True, "mode": "0644", "owner": "root", "group": "root"}
+
+
+def test_a_current_file_needs_no_copy():
+    assert not gpu_files.stale(ITEM, SHA1, CURRENT, SHA1)
+
+
+def test_other_content_mode_owner_or_a_missing_file_need_the_copy():
+    assert gpu_files.stale(ITEM, SHA1, CURRENT, "0" * 40)
+    assert gpu_files.stale(ITEM, SHA1, CURRENT | {"mode": "0666"}, SHA1)
+    assert gpu_files.stale(ITEM, SHA1, CURRENT | {"owner": "nobody"}, SHA1)
+    assert gpu_files.stale(ITEM, SHA1, CURRENT | {"group": "staff"}, SHA1)
+    assert gpu_files.stale(ITEM, SHA1, {"exists": False, "isreg": False}, None)
+    # A link where the file should be is replaced by the file, as ansible.builtin.copy does.
+    assert gpu_files.stale(ITEM, SHA1, CURRENT | {"isreg": False, "islnk": True}, SHA1)
+
+
+def test_owner_group_and_a_short_mode_are_compared_as_given():
+    item = ITEM | {"owner": "jupyter", "group": "jupyter", "mode": "644"}
+    assert not gpu_files.stale(item, SHA1, CURRENT | {"owner": "jupyter", "group": "jupyter"}, SHA1)
+
+
+def test_bad_arguments_are_named_each():
+    assert gpu_files.item_errors([ITEM, ITEM | {"src": "x"}]) == [
+        "/etc/profile.d/gpu-env.sh: give exactly one of content and src"
+    ]
+    errors = gpu_files.item_errors(
+        [{"dest": "relative", "content": "", "mode": 644, "recurse": True}, "not a dict", {"mode": "0644"}]
+    )
+    assert errors == [
+        "relative: unknown keys recurse",
+        "relative: dest must be an absolute path",
+        "relative: mode must be a quoted octal string such as '0644'",
+        "files item 2 is not a dict",
+        "item 3: dest must be an absolute path",
+        "item 3: give exactly one of content and src",
+    ]
+    assert gpu_files.item_errors("a string") == [
+        "files must be a list of {dest, content or src, mode, owner, group, validate}"
+    ]
+    assert gpu_files.item_errors([ITEM]) == []
