@@ -63,8 +63,11 @@ class ActionModule(ActionBase):
     def _wanted(self, item: dict) -> bytes:
         if "content" in item:
             return to_bytes(item["content"], errors="surrogate_or_strict")
-        with open(self._find_needle("files", item["src"]), "rb") as handle:
-            return handle.read()
+        try:
+            with open(self._find_needle("files", item["src"]), "rb") as handle:
+                return handle.read()
+        except OSError as error:
+            raise AnsibleActionFail(f"gpu_files: {item['dest']}: cannot read src {item['src']}: {error}") from error
 
     def _copy(self, item: dict, task_vars: dict) -> dict:
         """Ansible's copy action for one item, with this task's check and diff modes."""
@@ -101,7 +104,9 @@ class ActionModule(ActionBase):
             if stale(item, wanted[dest], state["stat"][dest], state["checksum"][dest]):
                 written[dest] = self._copy(item, task_vars)
                 if written[dest].get("failed"):
-                    raise AnsibleActionFail(f"gpu_files: {dest}: {written[dest].get('msg', 'the copy failed')}")
+                    # The copy's own result (a validate command's stdout and stderr) with the file named.
+                    self._remove_tmp_path(self._connection._shell.tmpdir)
+                    return written[dest] | {"msg": f"gpu_files: {dest}: {written[dest].get('msg', 'the copy failed')}"}
         result["changed"] = any(done.get("changed") for done in written.values())
         result["files"] = {dest: {"changed": bool(written.get(dest, {}).get("changed"))} for dest in wanted}
         diffs = [done["diff"] for done in written.values() if done.get("diff")]

@@ -25,36 +25,36 @@ options:
       - Absolute paths to look at, without following a final symbolic link (like C(ansible.builtin.stat)
         with C(follow=false)).
     type: list
-    elements: path
+    elements: str
     default: []
   read:
     description:
       - Absolute paths of small text files to read (at most O(max_bytes) each), such as completion
         records and version files.
     type: list
-    elements: path
+    elements: str
     default: []
   checksum:
     description:
       - Absolute paths of files to hash with SHA-1, the algorithm of C(ansible.builtin.stat)'s C(checksum)
         and of C(ansible.builtin.copy); links are followed.
     type: list
-    elements: path
+    elements: str
     default: []
   glob:
     description:
       - Absolute shell patterns (Python's C(glob), not recursive); each gives the sorted paths it matches,
         links included whether or not they resolve.
     type: list
-    elements: path
+    elements: str
     default: []
   tree:
     description:
-      - Absolute folders whose files (not below sub-folders; links to files followed, as
+      - Absolute folders (null where one cannot be listed) whose files (not below sub-folders; links to files followed, as
         C(ansible.builtin.copy) follows them in its source) are hashed with SHA-1, the algorithm of
         C(ansible.builtin.stat)'s C(checksum) and of C(ansible.builtin.copy).
     type: list
-    elements: path
+    elements: str
     default: []
   max_bytes:
     description:
@@ -96,13 +96,14 @@ stat:
     - One entry per path of O(stat), keyed by the path as given.
     - C(exists), C(isdir), C(isreg), C(islnk) (booleans, of the path itself) and C(target_exists) (whether
       what the path finally points at, through every link, exists; false for a dangling link); where the
-      path exists also C(lnk_source) (the link's target as written, for a link), C(mode) (octal string
+      path exists also, for a link, C(lnk_target) (its target as written) and C(lnk_source) (the final
+      path it resolves to), as C(ansible.builtin.stat) names them; C(mode) (octal string
       such as C(0755)), C(uid), C(gid), C(owner) and C(group) (names; the number where none is known),
       C(size) and C(mtime).
   returned: always
   type: dict
   sample: {"/usr/local/cuda": {"exists": true, "islnk": true, "isdir": false, "isreg": false, "target_exists": true,
-           "lnk_source": "/usr/local/cuda-11.8", "mode": "0777", "uid": 0, "gid": 0, "owner": "root",
+           "lnk_target": "/usr/local/cuda-11.8", "lnk_source": "/usr/local/cuda-11.8", "mode": "0777", "uid": 0, "gid": 0, "owner": "root",
            "group": "root", "size": 20,
            "mtime": 1764633600.0}}
 read:
@@ -184,7 +185,8 @@ def path_stat(path: str) -> dict:
         "mtime": found.st_mtime,
     }
     if result["islnk"]:
-        result["lnk_source"] = os.readlink(path)
+        result["lnk_target"] = os.readlink(path)
+        result["lnk_source"] = os.path.realpath(path)
     return result
 
 
@@ -213,10 +215,17 @@ def tree_state(folder: str) -> dict | None:
     if not os.path.isdir(folder):
         return None
     files = {}
-    for entry in sorted(os.scandir(folder), key=lambda e: e.name):
-        if not entry.is_file():
+    try:
+        entries = sorted(os.scandir(folder), key=lambda e: e.name)
+    except OSError:
+        return None
+    for entry in entries:
+        try:
+            if not entry.is_file():
+                continue
+            found = entry.stat()
+        except OSError:
             continue
-        found = entry.stat()
         try:
             checksum = sha1(entry.path)
         except OSError:
@@ -244,11 +253,11 @@ def host_state(params: dict) -> dict:
 def main() -> None:
     module = AnsibleModule(
         argument_spec={
-            "stat": {"type": "list", "elements": "path", "default": []},
-            "read": {"type": "list", "elements": "path", "default": []},
-            "checksum": {"type": "list", "elements": "path", "default": []},
-            "glob": {"type": "list", "elements": "path", "default": []},
-            "tree": {"type": "list", "elements": "path", "default": []},
+            "stat": {"type": "list", "elements": "str", "default": []},
+            "read": {"type": "list", "elements": "str", "default": []},
+            "checksum": {"type": "list", "elements": "str", "default": []},
+            "glob": {"type": "list", "elements": "str", "default": []},
+            "tree": {"type": "list", "elements": "str", "default": []},
             "max_bytes": {"type": "int", "default": 1048576},
         },
         supports_check_mode=True,

@@ -38,7 +38,8 @@ def test_stat_tells_files_links_dangling_links_and_missing_paths(tree):
     found = state(stat=[f"{lib}/libcudnn.so.8", f"{lib}/dangling.so", f"{lib}/nothing", str(tree / "done")])["stat"]
     link = found[f"{lib}/libcudnn.so.8"]
     assert link["exists"] and link["islnk"] and not link["isreg"] and link["target_exists"]
-    assert link["lnk_source"] == "libcudnn.so.8.6.0"
+    assert link["lnk_target"] == "libcudnn.so.8.6.0"
+    assert link["lnk_source"] == os.path.realpath(f"{lib}/libcudnn.so.8.6.0")
     dangling = found[f"{lib}/dangling.so"]
     assert dangling["exists"] and dangling["islnk"] and not dangling["target_exists"]
     assert found[f"{lib}/nothing"] == {
