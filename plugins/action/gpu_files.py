@@ -11,6 +11,7 @@ only for the files that differ. Documentation: plugins/modules/gpu_files.py.
 from __future__ import annotations
 
 import hashlib
+import posixpath
 from typing import Any
 
 from ansible.errors import AnsibleActionFail
@@ -84,6 +85,33 @@ class ActionModule(ActionBase):
         )
         return action.run(task_vars=task_vars)
 
+    def _make_folder(self, folder: str, task_vars: dict) -> dict:
+        """A missing destination folder, made root's 0755 (Ansible's copy makes none for one file)."""
+        args = {"path": folder, "state": "directory", "owner": "root", "group": "root", "mode": "0755"}
+        return self._execute_module(module_name="ansible.legacy.file", module_args=args, task_vars=task_vars)
+
+    def _write(self, files: list, wanted: dict, state: dict, task_vars: dict) -> tuple[dict, dict | None]:
+        """Each stale file's copy result (and each folder made) by path, and the failed result that
+        stopped the writes, if any."""
+        written: dict[str, dict] = {}
+        for item in files:
+            dest = item["dest"]
+            if not stale(item, wanted[dest], state["stat"][dest], state["checksum"][dest]):
+                continue
+            folder = posixpath.dirname(dest)
+            if not state["stat"][folder]["exists"]:
+                written[folder] = self._make_folder(folder, task_vars)
+                state["stat"][folder]["exists"] = True
+            if not written.get(folder, {}).get("failed"):
+                written[dest] = self._copy(item, task_vars)
+            failed = next(
+                (done for done in (written.get(folder), written.get(dest)) if done and done.get("failed")), None
+            )
+            if failed:
+                # The module's own result (a validate command's stdout and stderr) with the file named.
+                return written, failed | {"msg": f"gpu_files: {dest}: {failed.get('msg', 'the write failed')}"}
+        return written, None
+
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
         files = self._task.args.get("files")
@@ -91,22 +119,18 @@ class ActionModule(ActionBase):
         if errors:
             raise AnsibleActionFail("gpu_files: " + "; ".join(errors))
         wanted = {item["dest"]: hashlib.sha1(self._wanted(item)).hexdigest() for item in files}
+        folders = sorted({posixpath.dirname(dest) for dest in wanted} - set(wanted))
         state = self._execute_module(
             module_name=STATE_MODULE,
-            module_args={"stat": list(wanted), "checksum": list(wanted)},
+            module_args={"stat": list(wanted) + folders, "checksum": list(wanted)},
             task_vars=task_vars,
         )
         if state.get("failed"):
             return state
-        written: dict[str, dict] = {}
-        for item in files:
-            dest = item["dest"]
-            if stale(item, wanted[dest], state["stat"][dest], state["checksum"][dest]):
-                written[dest] = self._copy(item, task_vars)
-                if written[dest].get("failed"):
-                    # The copy's own result (a validate command's stdout and stderr) with the file named.
-                    self._remove_tmp_path(self._connection._shell.tmpdir)
-                    return written[dest] | {"msg": f"gpu_files: {dest}: {written[dest].get('msg', 'the copy failed')}"}
+        written, failed = self._write(files, wanted, state, task_vars)
+        if failed:
+            self._remove_tmp_path(self._connection._shell.tmpdir)
+            return failed
         result["changed"] = any(done.get("changed") for done in written.values())
         result["files"] = {dest: {"changed": bool(written.get(dest, {}).get("changed"))} for dest in wanted}
         diffs = [done["diff"] for done in written.values() if done.get("diff")]

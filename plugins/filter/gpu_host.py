@@ -3,8 +3,8 @@
 Pure functions: the role gathers the raw facts (mounts, /proc/modules, ``mokutil --sb-state``,
 kernel headers, nvidia_gpu_facts, compute processes) and this module turns them into problems
 (the host stops) and warnings (the run goes on), each with a cause and a fix. Exposed to Ansible
-as the filters ``gpu_host_check``, ``gpu_space_needs``, ``gpu_compute_apps``,
-``gpu_findmnt_mounts`` and ``gpu_tree_stale``; plain functions for unit tests.
+as the filters ``gpu_host_check``, ``gpu_space_needs``, ``gpu_compute_apps`` and
+``gpu_findmnt_mounts``; plain functions for unit tests.
 
 Sources (public):
 
@@ -86,17 +86,6 @@ def findmnt_mounts(data: dict) -> list[dict]:
         {"mount": fs.get("target"), "options": fs.get("options") or "", "size_available": int(fs.get("avail") or 0)}
         for fs in (data or {}).get("filesystems", [])
     ]
-
-
-def tree_stale(wanted: dict | None, found: dict | None, mode: str, uid: int = 0, gid: int = 0) -> list[str]:
-    """The names of ``wanted``'s files (gpu_host_state's ``tree`` of the source folder) that ``found``
-    (the installed folder's) lacks, or holds with other content, another mode or another owner."""
-    found = found or {}
-    return sorted(
-        name
-        for name, want in (wanted or {}).items()
-        if found.get(name) != {"checksum": want["checksum"], "mode": mode, "uid": uid, "gid": gid}
-    )
 
 
 def _target(want: dict) -> str:
@@ -569,5 +558,4 @@ class FilterModule:
             "gpu_space_needs": space_needs,
             "gpu_compute_apps": compute_apps,
             "gpu_findmnt_mounts": findmnt_mounts,
-            "gpu_tree_stale": tree_stale,
         }

@@ -15,6 +15,7 @@ description:
   - A C(copy) or C(template) task costs two round trips to the host even when nothing changes. This action
     hashes each file's content on the controller and looks at every file on the host in one run of
     M(gpu_fleet.tf_hosts.gpu_host_state); a host where every file is current costs that one round trip.
+  - A missing destination folder is made, root's C(0755), before the first file that goes into it.
   - Check mode and diff mode work as in C(ansible.builtin.copy).
 version_added: "0.13.0"
 author:

@@ -10,11 +10,10 @@ DOCUMENTATION = r"""
 module: gpu_host_state
 short_description: Read the state of many paths on the host in one round trip
 description:
-  - Looks at every path of O(stat), reads every file of O(read), hashes every file of O(checksum), lists
-    what each pattern of O(glob)
-    matches and hashes every file directly in each folder of O(tree), in one module run. A role's probe of a converged host is then one task, not one
-    C(ansible.builtin.stat) or C(ansible.builtin.slurp) per path; on a podman or ssh connection each
-    task is a round trip of a second or more.
+  - Looks at every path of O(stat), reads every file of O(read), hashes every file of O(checksum) and
+    lists what each pattern of O(glob) matches, in one module run. A role's probe of a converged host is
+    then one task, not one C(ansible.builtin.stat) or C(ansible.builtin.slurp) per path; on a podman or
+    ssh connection each task is a round trip of a second or more.
   - Changes nothing on the host. A path that is missing or cannot be read is reported, never an error.
 version_added: "0.13.0"
 author:
@@ -45,14 +44,6 @@ options:
     description:
       - Absolute shell patterns (Python's C(glob), not recursive); each gives the sorted paths it matches,
         links included whether or not they resolve.
-    type: list
-    elements: str
-    default: []
-  tree:
-    description:
-      - Absolute folders (null where one cannot be listed) whose files (not below sub-folders; links to files followed, as
-        C(ansible.builtin.copy) follows them in its source) are hashed with SHA-1, the algorithm of
-        C(ansible.builtin.stat)'s C(checksum) and of C(ansible.builtin.copy).
     type: list
     elements: str
     default: []
@@ -127,14 +118,6 @@ glob:
   returned: always
   type: dict
   sample: {"/usr/local/cuda-11.8/lib64/libcudnn*.so.8.*": ["/usr/local/cuda-11.8/lib64/libcudnn.so.8.6.0"]}
-tree:
-  description:
-    - One entry per folder of O(tree), keyed by the folder as given; null where it is not a folder,
-      else a dict of file name to C(checksum) (SHA-1), C(mode), C(uid) and C(gid).
-  returned: always
-  type: dict
-  sample: {"/opt/gpu-verify": {"fit.py": {"checksum": "5d41402abc4b2a76b9719d911017c592ae7b0f2a",
-           "mode": "0755", "uid": 0, "gid": 0}}}
 """
 
 import glob  # noqa: E402  (imports follow the documentation blocks, as ansible-test validate-modules requires)
@@ -210,43 +193,13 @@ def sha1(path: str) -> str:
     return digest.hexdigest()
 
 
-def tree_state(folder: str) -> dict | None:
-    """File name -> checksum, mode and owner of the files directly in the folder (links followed)."""
-    if not os.path.isdir(folder):
-        return None
-    files = {}
-    try:
-        entries = sorted(os.scandir(folder), key=lambda e: e.name)
-    except OSError:
-        return None
-    for entry in entries:
-        try:
-            if not entry.is_file():
-                continue
-            found = entry.stat()
-        except OSError:
-            continue
-        try:
-            checksum = sha1(entry.path)
-        except OSError:
-            checksum = None
-        files[entry.name] = {
-            "checksum": checksum,
-            "mode": f"{stat_module.S_IMODE(found.st_mode):04o}",
-            "uid": found.st_uid,
-            "gid": found.st_gid,
-        }
-    return files
-
-
 def host_state(params: dict) -> dict:
-    """The module's result for its parameters (stat, read, checksum, glob, tree, max_bytes)."""
+    """The module's result for its parameters (stat, read, checksum, glob, max_bytes)."""
     return {
         "stat": {path: path_stat(path) for path in params["stat"]},
         "read": {path: read_text(path, params["max_bytes"]) for path in params["read"]},
         "checksum": {path: file_sha1(path) for path in params["checksum"]},
         "glob": {pattern: sorted(glob.glob(pattern)) for pattern in params["glob"]},
-        "tree": {path: tree_state(path) for path in params["tree"]},
     }
 
 
@@ -257,13 +210,12 @@ def main() -> None:
             "read": {"type": "list", "elements": "str", "default": []},
             "checksum": {"type": "list", "elements": "str", "default": []},
             "glob": {"type": "list", "elements": "str", "default": []},
-            "tree": {"type": "list", "elements": "str", "default": []},
             "max_bytes": {"type": "int", "default": 1048576},
         },
         supports_check_mode=True,
     )
     params = module.params
-    relative = [p for key in ("stat", "read", "checksum", "glob", "tree") for p in params[key] if not os.path.isabs(p)]
+    relative = [p for key in ("stat", "read", "checksum", "glob") for p in params[key] if not os.path.isabs(p)]
     if relative:
         module.fail_json(msg=f"gpu_host_state takes absolute paths only; got {', '.join(relative)}.")
     module.exit_json(changed=False, **host_state(params))

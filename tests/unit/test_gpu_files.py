@@ -49,3 +49,54 @@ def test_bad_arguments_are_named_each():
         "files must be a list of {dest, content or src, mode, owner, group, validate}"
     ]
     assert gpu_files.item_errors([ITEM]) == []
+
+
+class Recorder(gpu_files.ActionModule):
+    """The action's write loop with the host's modules replaced by a record of the calls."""
+
+    def __init__(self, fail: str = ""):  # no Ansible task or connection: only _write runs
+        self.calls: list[tuple[str, str]] = []
+        self.fail = fail
+
+    def _make_folder(self, folder, task_vars):
+        self.calls.append(("folder", folder))
+        return {"changed": True, "failed": folder == self.fail, "msg": "Permission denied"}
+
+    def _copy(self, item, task_vars):
+        self.calls.append(("copy", item["dest"]))
+        return {"changed": True}
+
+
+def test_a_missing_folder_is_made_once_before_its_first_file_and_current_files_are_left_alone():
+    files = [ITEM | {"dest": f"/opt/gpu-verify/{name}"} for name in ("fit.py", "gpu_count.py")] + [ITEM]
+    wanted = {item["dest"]: SHA1 for item in files}
+    state = {
+        "stat": {
+            "/opt/gpu-verify/fit.py": {"exists": False},
+            "/opt/gpu-verify/gpu_count.py": {"exists": False},
+            ITEM["dest"]: CURRENT,
+            "/opt/gpu-verify": {"exists": False},
+        },
+        "checksum": {"/opt/gpu-verify/fit.py": None, "/opt/gpu-verify/gpu_count.py": None, ITEM["dest"]: SHA1},
+    }
+    action = Recorder()
+    written, failed = action._write(files, wanted, state, {})
+    assert failed is None
+    assert action.calls == [
+        ("folder", "/opt/gpu-verify"),
+        ("copy", "/opt/gpu-verify/fit.py"),
+        ("copy", "/opt/gpu-verify/gpu_count.py"),
+    ]
+    assert sorted(written) == ["/opt/gpu-verify", "/opt/gpu-verify/fit.py", "/opt/gpu-verify/gpu_count.py"]
+
+
+def test_a_folder_that_cannot_be_made_stops_the_writes_naming_the_file():
+    files = [ITEM | {"dest": "/opt/gpu-verify/fit.py"}]
+    state = {
+        "stat": {"/opt/gpu-verify/fit.py": {"exists": False}, "/opt/gpu-verify": {"exists": False}},
+        "checksum": {"/opt/gpu-verify/fit.py": None},
+    }
+    action = Recorder(fail="/opt/gpu-verify")
+    _written, failed = action._write(files, {"/opt/gpu-verify/fit.py": SHA1}, state, {})
+    assert failed["failed"] and failed["msg"] == "gpu_files: /opt/gpu-verify/fit.py: Permission denied"
+    assert action.calls == [("folder", "/opt/gpu-verify")]

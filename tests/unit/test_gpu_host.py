@@ -698,18 +698,3 @@ def test_reboot_local_passes(allowed, connection, manage_kernel):
 def test_reboot_local_can_be_skipped_and_is_then_reported():
     result = gpu_host.check_host(facts(reboot_allowed=True, connection="local"), {"skip_checks": ["reboot_local"]})
     assert result["ok"] and checks(result, "overridden") == ["reboot_local"]
-
-
-def test_tree_stale_names_missing_changed_and_wrongly_owned_files_only():
-    source = {name: {"checksum": name * 2, "mode": "0644", "uid": 1000, "gid": 1000} for name in "abcde"}
-    installed = {
-        "a": {"checksum": "aa", "mode": "0755", "uid": 0, "gid": 0},
-        "b": {"checksum": "xx", "mode": "0755", "uid": 0, "gid": 0},
-        "c": {"checksum": "cc", "mode": "0644", "uid": 0, "gid": 0},
-        "d": {"checksum": "dd", "mode": "0755", "uid": 1000, "gid": 0},
-        "extra": {"checksum": "zz", "mode": "0755", "uid": 0, "gid": 0},
-    }
-    assert gpu_host.tree_stale(source, installed, "0755") == ["b", "c", "d", "e"]
-    assert gpu_host.tree_stale(source, None, "0755") == sorted(source)
-    current = {name: {"checksum": name * 2, "mode": "0755", "uid": 0, "gid": 0} for name in source}
-    assert gpu_host.tree_stale(source, current, "0755") == []

@@ -15,9 +15,7 @@ from ansible_collections.gpu_fleet.tf_hosts.plugins.modules import gpu_host_stat
 
 def state(**params):
     """gpu_host_state's result for these parameters, the others empty."""
-    return gpu_host_state.host_state(
-        {"stat": [], "read": [], "checksum": [], "glob": [], "tree": [], "max_bytes": 1024} | params
-    )
+    return gpu_host_state.host_state({"stat": [], "read": [], "checksum": [], "glob": [], "max_bytes": 1024} | params)
 
 
 @pytest.fixture
@@ -75,15 +73,6 @@ def test_glob_lists_matches_sorted_with_dangling_links(tree):
     found = state(glob=[pattern])
     names = [os.path.basename(p) for p in found["glob"][pattern]]
     assert names == ["dangling.so", "libcudnn.so.8", "libcudnn.so.8.6.0", "libcudnn_ops.so.8.5.0"]
-
-
-def test_tree_hashes_files_and_followed_links_with_the_copy_modules_sha1(tree):
-    found = state(tree=[str(tree / "lib64"), str(tree / "done")])["tree"]
-    assert found[str(tree / "done")] is None
-    files = found[str(tree / "lib64")]
-    assert sorted(files) == ["libcudnn.so.8", "libcudnn.so.8.6.0", "libcudnn_ops.so.8.5.0"]
-    assert files["libcudnn.so.8"]["checksum"] == files["libcudnn.so.8.6.0"]["checksum"]
-    assert files["libcudnn_ops.so.8.5.0"]["checksum"] == hashlib.sha1(b"old").hexdigest()
 
 
 def run_module(capsys, **args):
