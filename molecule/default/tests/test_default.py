@@ -206,3 +206,47 @@ def test_more_gpus_expected_than_seen_fails_verification(tmp_path):
     assert "Expected 3 GPUs, nvidia-smi sees 2 (1 missing)" in out.stdout
     report = json.loads(latest_report(tmp_path, MOLECULE_INVENTORY).read_text())
     assert report["summary"]["failed"] == 1
+
+
+def test_check_on_the_fresh_host_wrote_the_plan_of_what_converge_then_did():
+    """Molecule's check step ran site.yml --check on the fresh host before converge: its plan names
+    each phase's change, and it is written beside the reports, not as one (plans/latest)."""
+    plan = json.loads((ROOT / "reports" / MOLECULE_INVENTORY / "plans" / "latest" / "plan.json").read_text())
+    host = plan["hosts"]["molecule-gpu-default"]
+    lines = {p["phase"]: p["line"] for p in host["phases"]}
+    assert list(lines) == ["driver", "CUDA", "cuDNN", "environment", "TensorFlow"]
+    assert (
+        lines["driver"] == "driver 520.61.05 would be installed (runfile)"
+    )  # a container: no kernel module, no reboot
+    assert lines["CUDA"].startswith(f"CUDA 11.8 would be installed in {CUDA}; /usr/local/cuda would point at {CUDA}")
+    assert lines["cuDNN"] == f"cuDNN 8.6.0 would be installed into {CUDA}"
+    assert "/etc/profile.d/gpu-env.sh" in lines["environment"] and lines["environment"].endswith("would be written")
+    assert lines["TensorFlow"] == f"venv tf2.12 would be created in {VENV} (TensorFlow 2.12.1)"
+    assert host["changes"] == 5 and plan["summary"]["would_change"] == 1
+
+
+def test_check_on_the_provisioned_host_plans_only_the_drift_and_leaves_host_and_reports_alone(host, tmp_path):
+    """site.yml --check on the converged host with /usr/local/cuda moved: the plan names that one change,
+    every other phase has nothing to do; the link stays moved, the previous report and latest stay."""
+    old = tmp_path / MOLECULE_INVENTORY / "20260101T000000Z"
+    old.mkdir(parents=True)
+    (old / "fleet-report.json").write_text("{}")
+    (tmp_path / MOLECULE_INVENTORY / "latest").symlink_to(old.name)
+    assert host.run("ln -sfn /opt /usr/local/cuda").rc == 0
+    try:
+        run = run_playbook(
+            "site.yml", os.environ["MOLECULE_INVENTORY_FILE"], "--check", "-e", f"gpu_verify_report_dir={tmp_path}"
+        )
+        assert host.file("/usr/local/cuda").linked_to == "/opt"
+    finally:
+        host.run(f"ln -sfn {CUDA} /usr/local/cuda")
+    assert run.returncode == 0, run.stdout[-4000:]
+    plan = json.loads((tmp_path / MOLECULE_INVENTORY / "plans" / "latest" / "plan.json").read_text())
+    phases = plan["hosts"]["molecule-gpu-default"]["phases"]
+    assert [p["line"] for p in phases if p["change"]] == [f"/usr/local/cuda would point at {CUDA}"]
+    assert {p["phase"]: p["line"] for p in phases}[
+        "TensorFlow"
+    ] == "nothing to do (venv tf2.12 current (TensorFlow 2.12.1, locked))"
+    assert f"/usr/local/cuda would point at {CUDA}" in run.stdout  # printed at the end of the run
+    assert sorted(p.name for p in (tmp_path / MOLECULE_INVENTORY).iterdir()) == ["20260101T000000Z", "latest", "plans"]
+    assert os.readlink(tmp_path / MOLECULE_INVENTORY / "latest") == "20260101T000000Z"

@@ -819,11 +819,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Exit codes: 0 report written (whatever the hosts' results), 2 bad input or usage error.",
     )
     parser.add_argument("--input", required=True, help="JSON file {hostname: result}, or - for stdin")
-    parser.add_argument("--out-dir", required=True, help="report folder; each inventory gets its own folder in it")
-    parser.add_argument("--inventory-name", help="inventory folder name (default: from --inventory-source)")
-    parser.add_argument(
-        "--inventory-source", action="append", default=[], help="an -i source of the run (repeat for each)"
-    )
+    report_history.add_location_arguments(parser)
     parser.add_argument(
         "--inventory-hosts",
         help="JSON list of every host in the inventory: previous hosts not in it are dropped, not carried over",
@@ -832,12 +828,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--not-verified",
         help='JSON object {host: {"status": "skipped", "reason": "..."}}: hosts this run left out on purpose',
     )
-    parser.add_argument("--keep", type=int, default=report_history.DEFAULT_KEEP, help="run folders to keep (>= 1)")
-    parser.add_argument("--limit", help="the run's --limit, recorded in the report")
     parser.add_argument("--dry-run", action="store_true", help="write and delete nothing (--check): print only")
-    parser.add_argument(
-        "--emit", choices=("text", "json"), default="text", help="stdout: the table, or JSON {table, summary, ...}"
-    )
     parser.add_argument("--run-id", help="label for this run, shown in the report")
     return parser
 

@@ -24,6 +24,7 @@ the file system (:func:`load_previous`, :func:`write_run`, :func:`prune`).
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
 import os
@@ -39,6 +40,20 @@ NOT_IN_RUN = "not in this run"
 CARRIED_CHECK = "verification"
 DEFAULT_KEEP = 30
 DEFAULT_NAME = "default"
+
+
+def add_location_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options that say where a run's files go and what the run covered (fleet_report.py, fleet_plan.py)."""
+    parser.add_argument("--out-dir", required=True, help="report folder; each inventory gets its own folder in it")
+    parser.add_argument("--inventory-name", help="inventory folder name (default: from --inventory-source)")
+    parser.add_argument(
+        "--inventory-source", action="append", default=[], help="an -i source of the run (repeat for each)"
+    )
+    parser.add_argument("--keep", type=int, default=DEFAULT_KEEP, help="run folders to keep (>= 1)")
+    parser.add_argument("--limit", help="the run's --limit, recorded in the output")
+    parser.add_argument(
+        "--emit", choices=("text", "json"), default="text", help="stdout: the table, or JSON {table, summary, ...}"
+    )
 
 
 def run_folder_name(now: datetime.datetime) -> str:
