@@ -94,8 +94,9 @@ class Run:
     started: float
 
     def status(self, task_line: str) -> str:
-        """First result word (changed, ok, skipping, fatal) after the task's header line."""
-        match = re.search(re.escape(task_line) + r"[^\n]*\n+(\w+)", self.output)
+        """First result word (changed, ok, skipping, fatal) after the task's header line; an async
+        task's poll lines (ASYNC POLL, the progress callback's) come before it."""
+        match = re.search(re.escape(task_line) + r"[^\n]*\n+(?:(?:ASYNC .*|.*: still running.*)\n+)*(\w+)", self.output)
         assert match, f"{task_line!r} did not run:\n{self.output[-3000:]}"
         return match.group(1)
 

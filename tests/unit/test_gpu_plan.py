@@ -178,7 +178,8 @@ def test_plan_folders_are_pruned_to_keep_and_a_run_with_nothing_to_plan_writes_n
     plans = tmp_path / "fleet" / "plans"
     assert sorted(p.name for p in plans.iterdir()) == ["20261202T120100Z", "20261202T120200Z", "latest"]
     empty = tmp_path / "empty"
-    done = _run(empty, {"gpu-a": {"phases": [], "changes": 0, "failed": False}})
+    no_plan = {"phases": [{"phase": "host", "change": False, "line": gpu_plan.NO_PLAN}], "changes": 0, "failed": True}
+    done = _run(empty, {"gpu-a": {"phases": [], "changes": 0, "failed": False}, "gpu-b": no_plan})
     assert done == {"table": "", "summary": done["summary"], "plan_dir": None, "written": False}
     assert sorted(p.name for p in empty.iterdir()) == ["fleet"]  # only the inventory folder
 

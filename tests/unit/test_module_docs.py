@@ -68,10 +68,17 @@ def test_ansible_doc_renders_collection_path_lookup():
         assert text in out.stdout, text
 
 
-def test_ansible_doc_renders_host_failures_callback():
-    out = ansible_doc("-t", "callback", f"{COLLECTION}.host_failures")
+@pytest.mark.parametrize(
+    ("name", "texts"),
+    [
+        ("host_failures", ("gpu_verify_unreachable_reason", "callbacks_enabled")),
+        ("progress", ("still running after", "callbacks_enabled")),
+    ],
+)
+def test_ansible_doc_renders_the_callbacks(name, texts):
+    out = ansible_doc("-t", "callback", f"{COLLECTION}.{name}")
     assert out.returncode == 0, out.stderr
-    for text in ("host_failures", "gpu_verify_unreachable_reason", "callbacks_enabled"):
+    for text in (name, *texts):
         assert text in out.stdout, text
 
 

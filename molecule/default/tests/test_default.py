@@ -218,11 +218,13 @@ def test_check_on_the_fresh_host_wrote_the_plan_of_what_converge_then_did():
     assert (
         lines["driver"] == "driver 520.61.05 would be installed (runfile)"
     )  # a container: no kernel module, no reboot
-    assert lines["CUDA"].startswith(f"CUDA 11.8 would be installed in {CUDA}; /usr/local/cuda would point at {CUDA}")
+    assert lines["CUDA"].startswith(f"CUDA 11.8.0 would be installed in {CUDA}; /usr/local/cuda would point at {CUDA}")
     assert lines["cuDNN"] == f"cuDNN 8.6.0 would be installed into {CUDA}"
     assert "/etc/profile.d/gpu-env.sh" in lines["environment"] and lines["environment"].endswith("would be written")
     assert lines["TensorFlow"] == f"venv tf2.12 would be created in {VENV} (TensorFlow 2.12.1)"
     assert host["changes"] == 5 and plan["summary"]["would_change"] == 1
+    markdown = (ROOT / "reports" / MOLECULE_INVENTORY / "plans" / "latest" / "plan.md").read_text()
+    assert f"| molecule-gpu-default | cuDNN | cuDNN 8.6.0 would be installed into {CUDA} |" in markdown
 
 
 def test_check_on_the_provisioned_host_plans_only_the_drift_and_leaves_host_and_reports_alone(host, tmp_path):

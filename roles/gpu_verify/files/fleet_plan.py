@@ -5,7 +5,8 @@ line per host and phase (issue 10, item 3).
 Input (``--input FILE`` or ``-`` for stdin): the ``gpu_plan_collect`` filter's result, ``{host:
 {"phases": [{"phase", "change", "line"}], "changes": n, "failed": bool}}``.
 
-Output, unless no host has a phase (a run of gpu_verify alone has nothing to plan): a new folder
+Output, unless no host has a phase of a provisioning role (a run of gpu_verify alone has nothing to
+plan): a new folder
 ``<out-dir>/<inventory name>/plans/<UTC time>/`` with ``plan.json`` and ``plan.md``, and
 ``<out-dir>/<inventory name>/plans/latest`` pointed at it; the last ``--keep`` plan folders are
 kept. The fleet report's own run folders and its ``latest`` are not touched: a plan is not a
@@ -95,7 +96,12 @@ def run(args: argparse.Namespace, plan: dict[str, Any], now: datetime.datetime) 
         "summary": summarize(plan),
     }
     folder = None
-    if any(entry.get("phases") for entry in plan.values() if isinstance(entry, dict)):
+    if any(
+        phase.get("phase") != "host"
+        for entry in plan.values()
+        if isinstance(entry, dict)
+        for phase in entry.get("phases", [])
+    ):
         plans_dir = Path(args.out_dir) / name / PLANS
         folder = report_history.write_run(plans_dir, now, document, render, args.keep, fleet_report._write)
     return {
