@@ -14,7 +14,10 @@ description:
     lists what each pattern of O(glob) matches, in one module run. A role's probe of a converged host is
     then one task, not one C(ansible.builtin.stat) or C(ansible.builtin.slurp) per path; on a podman or
     ssh connection each task is a round trip of a second or more.
-  - Changes nothing on the host. A path that is missing or cannot be read is reported, never an error.
+  - Runs each command of O(run) and returns its exit code and output, so a probe's read-only commands (a
+    program's version, C(findmnt), C(nvidia-smi --query-compute-apps)) share that round trip.
+  - Changes nothing on the host (the commands of O(run) must only read). A path that is missing or cannot
+    be read, or a command that fails or is not installed, is reported, never an error.
 version_added: "0.13.0"
 author:
   - gpu-fleet maintainers (!UNKNOWN)
@@ -47,6 +50,12 @@ options:
     type: list
     elements: str
     default: []
+  run:
+    description:
+      - Read-only commands to run, keyed by a name of the caller's choice; each an argv list (no shell). A
+        program that is not installed gives C(rc) 127.
+    type: dict
+    default: {}
   max_bytes:
     description:
       - The most bytes read from each file of O(read); a longer file is reported as too big.
@@ -118,6 +127,12 @@ glob:
   returned: always
   type: dict
   sample: {"/usr/local/cuda-11.8/lib64/libcudnn*.so.8.*": ["/usr/local/cuda-11.8/lib64/libcudnn.so.8.6.0"]}
+run:
+  description:
+    - One entry per command of O(run), keyed by its name; C(rc), C(stdout) and C(stderr).
+  returned: always
+  type: dict
+  sample: {"findmnt": {"rc": 0, "stdout": "{\"filesystems\": []}\n", "stderr": ""}}
 """
 
 import glob  # noqa: E402  (imports follow the documentation blocks, as ansible-test validate-modules requires)
@@ -126,6 +141,7 @@ import hashlib  # noqa: E402
 import os  # noqa: E402
 import pwd  # noqa: E402
 import stat as stat_module  # noqa: E402
+import subprocess  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 
@@ -193,9 +209,23 @@ def sha1(path: str) -> str:
     return digest.hexdigest()
 
 
-def host_state(params: dict) -> dict:
-    """The module's result for its parameters (stat, read, checksum, glob, max_bytes)."""
+def run_command(argv: list[str]) -> dict:
+    """``{rc, stdout, stderr}`` of one command, without a shell; rc 127 when it cannot be started."""
+    try:
+        done = subprocess.run(argv, capture_output=True, check=False)
+    except OSError as error:
+        return {"rc": 127, "stdout": "", "stderr": f"{argv[0]}: {error.strerror}"}
     return {
+        "rc": done.returncode,
+        "stdout": done.stdout.decode("utf-8", errors="replace"),
+        "stderr": done.stderr.decode("utf-8", errors="replace"),
+    }
+
+
+def host_state(params: dict) -> dict:
+    """The module's result for its parameters (stat, read, checksum, glob, run, max_bytes)."""
+    return {
+        "run": {name: run_command([str(arg) for arg in argv]) for name, argv in params["run"].items()},
         "stat": {path: path_stat(path) for path in params["stat"]},
         "read": {path: read_text(path, params["max_bytes"]) for path in params["read"]},
         "checksum": {path: file_sha1(path) for path in params["checksum"]},
@@ -210,6 +240,7 @@ def main() -> None:
             "read": {"type": "list", "elements": "str", "default": []},
             "checksum": {"type": "list", "elements": "str", "default": []},
             "glob": {"type": "list", "elements": "str", "default": []},
+            "run": {"type": "dict", "default": {}},
             "max_bytes": {"type": "int", "default": 1048576},
         },
         supports_check_mode=True,
@@ -218,6 +249,9 @@ def main() -> None:
     relative = [p for key in ("stat", "read", "checksum", "glob") for p in params[key] if not os.path.isabs(p)]
     if relative:
         module.fail_json(msg=f"gpu_host_state takes absolute paths only; got {', '.join(relative)}.")
+    bad = sorted(name for name, argv in params["run"].items() if not isinstance(argv, list) or not argv)
+    if bad:
+        module.fail_json(msg=f"gpu_host_state: each command of run is a non-empty argv list; not {', '.join(bad)}.")
     module.exit_json(changed=False, **host_state(params))
 
 

@@ -278,6 +278,16 @@ CASES = [
         ),
     ),
     Case(
+        "cuda_install_timeout_too_short",
+        {"cuda_toolkit_install_timeout": 30},
+        ("cuda_toolkit_install_timeout is 30", "at least 60", "3600 (the default)"),
+    ),
+    Case(
+        "pip_install_timeout_zero",
+        {"tf_venv_pip_install_timeout": 0},
+        ("tf_venv_pip_install_timeout is 0", "at least 60", "3600 (the default)"),
+    ),
+    Case(
         "cuda_link_over_a_folder",
         {"cuda_toolkit_default_symlink": "/usr/lib"},
         ("cuda_toolkit_default_symlink /usr/lib", "not a symbolic link", "/usr/local/cuda"),

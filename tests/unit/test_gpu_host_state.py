@@ -15,7 +15,9 @@ from ansible_collections.gpu_fleet.tf_hosts.plugins.modules import gpu_host_stat
 
 def state(**params):
     """gpu_host_state's result for these parameters, the others empty."""
-    return gpu_host_state.host_state({"stat": [], "read": [], "checksum": [], "glob": [], "max_bytes": 1024} | params)
+    return gpu_host_state.host_state(
+        {"stat": [], "read": [], "checksum": [], "glob": [], "run": {}, "max_bytes": 1024} | params
+    )
 
 
 @pytest.fixture
@@ -86,3 +88,17 @@ def test_the_module_reports_unchanged_and_refuses_relative_paths(tree, capsys):
     assert code == 0 and result["changed"] is False and result["read"][str(tree / "done")].startswith("520")
     code, result = run_module(capsys, stat=["relative/path"])
     assert code == 1 and "absolute paths only" in result["msg"] and "relative/path" in result["msg"]
+
+
+def test_run_gives_each_commands_exit_code_and_output_and_127_for_a_missing_program(tmp_path):
+    script = tmp_path / "versions"
+    script.write_text("#!/bin/sh\necho 3.11.2\necho warn >&2\nexit 3\n")
+    script.chmod(0o755)
+    result = state(run={"python": [str(script)], "gone": [str(tmp_path / "no-such-program"), "-V"]})
+    assert result["run"]["python"] == {"rc": 3, "stdout": "3.11.2\n", "stderr": "warn\n"}
+    assert result["run"]["gone"]["rc"] == 127 and "no-such-program" in result["run"]["gone"]["stderr"]
+
+
+def test_the_module_refuses_a_command_that_is_not_an_argv_list(capsys):
+    code, result = run_module(capsys, run={"findmnt": "findmnt --json", "empty": []})
+    assert code == 1 and "non-empty argv list; not empty, findmnt" in result["msg"]
