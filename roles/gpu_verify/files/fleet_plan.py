@@ -19,9 +19,8 @@ import argparse
 import datetime
 import json
 import sys
-from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import fleet_report
 import report_history
@@ -123,29 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(
-    argv: Sequence[str] | None = None,
-    stdin: TextIO = sys.stdin,
-    stdout: TextIO = sys.stdout,
-    now: datetime.datetime | None = None,
-) -> int:
-    """CLI entry point; returns the exit code."""
-    args = build_parser().parse_args(argv)
-    try:
-        plan = fleet_report.load_input(args.input, stdin)
-        done = run(args, plan, now or datetime.datetime.now(datetime.timezone.utc))  # noqa: UP017
-    except (fleet_report.BadInput, ValueError) as exc:
-        print(f"fleet_plan: {exc}", file=sys.stderr)
-        return fleet_report.EXIT_USAGE
-    except OSError as exc:
-        print(
-            f"fleet_plan: cannot write the plan under {args.out_dir}: {exc}. "
-            "Make the folder writable or set gpu_verify_report_dir to one that is.",
-            file=sys.stderr,
-        )
-        return fleet_report.EXIT_USAGE
-    stdout.write(json.dumps(done) + "\n" if args.emit == "json" else done["table"])
-    return fleet_report.EXIT_OK
+main = fleet_report.entry_point("fleet_plan", build_parser, run)
 
 
 if __name__ == "__main__":

@@ -81,7 +81,7 @@ import os
 import sys
 import tempfile
 import xml.etree.ElementTree as ET
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -874,32 +874,39 @@ def run(args: argparse.Namespace, results: dict[str, Any], now: datetime.datetim
     }
 
 
-def main(
-    argv: Sequence[str] | None = None,
-    stdin: TextIO = sys.stdin,
-    stdout: TextIO = sys.stdout,
-    now: datetime.datetime | None = None,
-) -> int:
-    """CLI entry point; returns the exit code."""
-    args = build_parser().parse_args(argv)
-    if args.keep < 1:
-        print(f"fleet_report: --keep is {args.keep}; keep at least 1 run (gpu_verify_report_keep).", file=sys.stderr)
-        return EXIT_USAGE
-    try:
-        results = load_input(args.input, stdin)
-        done = run(args, results, now or datetime.datetime.now(datetime.timezone.utc))  # noqa: UP017
-    except (BadInput, ValueError) as exc:
-        print(f"fleet_report: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except OSError as exc:
-        print(
-            f"fleet_report: cannot write the report under {args.out_dir}: {exc}. "
-            "Make the folder writable or set gpu_verify_report_dir to one that is.",
-            file=sys.stderr,
-        )
-        return EXIT_USAGE
-    stdout.write(json.dumps(done) + "\n" if args.emit == "json" else done["table"])
-    return EXIT_OK
+def entry_point(name: str, make_parser: Callable[[], argparse.ArgumentParser], build: Callable[..., dict]) -> Callable:
+    """The ``main`` of this script and of fleet_plan.py: parse, check --keep, read the input, call
+    ``build(args, input, now)`` and print its table (or its JSON); ``main`` returns the exit code."""
+
+    def main(
+        argv: Sequence[str] | None = None,
+        stdin: TextIO = sys.stdin,
+        stdout: TextIO = sys.stdout,
+        now: datetime.datetime | None = None,
+    ) -> int:
+        args = make_parser().parse_args(argv)
+        if args.keep < 1:
+            print(f"{name}: --keep is {args.keep}; keep at least 1 run (gpu_verify_report_keep).", file=sys.stderr)
+            return EXIT_USAGE
+        try:
+            done = build(args, load_input(args.input, stdin), now or datetime.datetime.now(datetime.timezone.utc))  # noqa: UP017
+        except (BadInput, ValueError) as exc:
+            print(f"{name}: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        except OSError as exc:
+            print(
+                f"{name}: cannot write under {args.out_dir}: {exc}. "
+                "Make the folder writable or set gpu_verify_report_dir to one that is.",
+                file=sys.stderr,
+            )
+            return EXIT_USAGE
+        stdout.write(json.dumps(done) + "\n" if args.emit == "json" else done["table"])
+        return EXIT_OK
+
+    return main
+
+
+main = entry_point("fleet_report", build_parser, run)
 
 
 if __name__ == "__main__":
