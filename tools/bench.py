@@ -13,7 +13,10 @@ Definitions:
 
 * Module round trips per host: task results (one per loop item) that ran a module on the host:
   not skipped, not delegated to another host, not a controller-only action (``set_fact``,
-  ``debug``, ``assert``, includes, ...). Fact gathering counts. A ``copy`` or ``template`` counts
+  ``debug``, ``assert``, includes, ...), not a loop whose items were all skipped (``no_log`` hides
+  each item's own flag). A task counts as delegated when its result says so or, for a loop, whose
+  results ansible.posix.json keeps without it, when its source says ``delegate_to: localhost``.
+  Fact gathering counts. A ``copy`` or ``template`` counts
   once although it may stat and then copy.
 * Bytes pushed on the second run: the sizes of regular files on the host whose modification time
   is newer than a stamp taken just before the run, outside ``/proc``, ``/sys``, ``/dev``, ``/run``,
@@ -107,16 +110,44 @@ def _ran_on_host(result: dict[str, Any], host: str) -> bool:
     return not target or target == host
 
 
+def delegated_in_source(where: str) -> bool:
+    """Whether the task at ``file:line`` says ``delegate_to: localhost``. ansible.posix.json keeps a
+    delegated loop's results without ``_ansible_delegated_vars``; the task's own text still says it."""
+    name, _, line = where.rpartition(":")
+    try:
+        lines = Path(name).read_text().splitlines()
+        start = int(line) - 1
+        first = lines[start]
+    except (OSError, ValueError, IndexError):
+        return False
+    indent = len(first) - len(first.lstrip(" -"))
+    for text in lines[start + 1 :]:
+        if text.strip() and len(text) - len(text.lstrip()) < indent:
+            break
+        keyword = len(text) - len(text.lstrip()) == indent
+        if keyword and text.strip() in ("delegate_to: localhost", "delegate_to: 127.0.0.1"):
+            return True
+    return False
+
+
+def _trips(task: dict[str, Any], result: dict[str, Any], host: str) -> int:
+    # A loop's results whose items were all skipped (no_log hides the items' own skipped flag).
+    if result.get("skipped") or short_action(str(result.get("action", ""))) in CONTROLLER_ACTIONS:
+        return 0
+    if delegated_in_source(str(task.get("task", {}).get("path", ""))):
+        return 0
+    items = result.get("results") if isinstance(result.get("results"), list) else [result]
+    top = {"_ansible_delegated_vars": result["_ansible_delegated_vars"]} if "_ansible_delegated_vars" in result else {}
+    return sum(1 for item in items if isinstance(item, dict) and _ran_on_host(top | item, host))
+
+
 def round_trips_by_task(doc: dict[str, Any]) -> dict[str, dict[str, int]]:
     """Module round trips per host and task name (tasks that cost none left out)."""
     counts: dict[str, dict[str, int]] = {host: {} for host in doc.get("stats", {})}
     for play in doc.get("plays", []):
         for task in play.get("tasks", []):
             for host, result in task.get("hosts", {}).items():
-                if short_action(str(result.get("action", ""))) in CONTROLLER_ACTIONS:
-                    continue
-                items = result.get("results") if isinstance(result.get("results"), list) else [result]
-                trips = sum(1 for item in items if isinstance(item, dict) and _ran_on_host(item, host))
+                trips = _trips(task, result, host)
                 if trips:
                     name = str(task.get("task", {}).get("name", "?"))
                     per_host = counts.setdefault(host, {})

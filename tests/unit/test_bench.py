@@ -53,6 +53,38 @@ def test_round_trips_skip_controller_actions_skipped_items_and_delegated_tasks()
     }
 
 
+def test_delegated_loops_and_hidden_skipped_loops_cost_no_round_trip(tmp_path):
+    tasks = tmp_path / "tasks.yml"
+    tasks.write_text(
+        "---\n- name: Hash on the controller\n  ansible.builtin.stat:\n    path: /x\n  loop: [1, 2]\n"
+        "  delegate_to: localhost\n\n- name: Probe\n  ansible.builtin.stat:\n    path: /y\n"
+        "  loop: [1, 2]\n  vars:\n    delegate_to: localhost\n"
+    )
+    items = [{"changed": False, "item": 1}, {"changed": False, "item": 2}]
+    hidden = [{"censored": "hidden", "changed": False}] * 2
+
+    def task(name: str, line: int, result: dict) -> dict:
+        return {"task": {"name": name, "path": f"{tasks}:{line}"}, "hosts": {"h1": result}}
+
+    doc = {
+        "stats": {"h1": {}},
+        "plays": [
+            {
+                "tasks": [
+                    task("Hash on the controller", 2, {"action": "ansible.builtin.stat", "results": items}),
+                    # A key of vars named delegate_to is no delegation: only the task's own keyword is.
+                    task("Probe", 8, {"action": "ansible.builtin.stat", "results": items}),
+                    task("Fetch", 8, {"action": "ansible.builtin.get_url", "skipped": True, "results": hidden}),
+                ]
+            }
+        ],
+    }
+    assert bench.round_trips_by_task(doc) == {"h1": {"Probe": 2}}
+    assert bench.delegated_in_source(f"{tasks}:2") is True
+    assert bench.delegated_in_source(f"{tasks}:8") is False
+    assert bench.delegated_in_source("cbtest.yml") is False
+
+
 def test_changed_content_pushes_and_recap():
     doc = bench.load_callback_json(CAPTURED)
     assert bench.pushes_changed(doc) == 2
