@@ -318,8 +318,10 @@ CUDA_PLAY = "PLAY [Install the CUDA toolkits"
 DRIVER_TASK = task("nvidia_driver", "Run NVIDIA's driver installer")
 CUDA_TASK = task("cuda_toolkit", "Run NVIDIA's CUDA installer for 11.8.0")
 CUDNN_COPY = task("cudnn", f"Copy headers and libraries into {CUDA}")
-ENV_CACHE = task("gpu_env", "Read the loader cache")
-ENV_PROFILE = task("gpu_env", "Put the toolkit on PATH for login shells")
+# The files are written (one gpu_files task) before the loader cache is refreshed: killed as the refresh
+# starts, the configuration names the toolkit and no ldconfig has read it.
+ENV_CACHE = task("gpu_env", "Refresh the loader cache when it lacks")
+ENV_PROFILE = task("gpu_env", "Put the toolkit on the system library path")
 PIP_TASK = task("tf_venv", "Install TensorFlow 2.12")
 VERIFY_PLAY = "PLAY [Verify every host and write the fleet report]"
 VERIFY_COPY = task("gpu_verify", "Copy the verification scripts")
