@@ -19,13 +19,14 @@ from ansible.module_utils.common.text.converters import to_bytes
 from ansible.plugins.action import ActionBase
 
 STATE_MODULE = "gpu_fleet.tf_hosts.gpu_host_state"
-ITEM_KEYS = {"dest", "content", "src", "mode", "owner", "group", "validate"}
+ITEM_KEYS = {"dest", "content", "src", "link", "mode", "owner", "group", "validate"}
+SOURCES = ("content", "src", "link")
 
 
 def item_errors(files: Any) -> list[str]:
     """What is wrong with the ``files`` argument, one message per problem."""
     if not isinstance(files, list):
-        return ["files must be a list of {dest, content or src, mode, owner, group, validate}"]
+        return ["files must be a list of {dest, content or src or link, mode, owner, group, validate}"]
     errors = []
     for number, item in enumerate(files, 1):
         if not isinstance(item, dict):
@@ -37,15 +38,18 @@ def item_errors(files: Any) -> list[str]:
             errors.append(f"{name}: unknown keys {', '.join(unknown)}")
         if not str(item.get("dest", "")).startswith("/"):
             errors.append(f"{name}: dest must be an absolute path")
-        if ("content" in item) == ("src" in item):
-            errors.append(f"{name}: give exactly one of content and src")
-        if not isinstance(item.get("mode"), str):
+        if sum(key in item for key in SOURCES) != 1:
+            errors.append(f"{name}: give exactly one of content, src and link")
+        if "link" not in item and not isinstance(item.get("mode"), str):
             errors.append(f"{name}: mode must be a quoted octal string such as '0644'")
     return errors
 
 
 def stale(item: dict, wanted_sha1: str, found: dict, checksum: str | None) -> bool:
-    """Whether the host's file (gpu_host_state's stat entry and checksum) differs from the item."""
+    """Whether the host's file (gpu_host_state's stat entry and checksum) differs from the item; a
+    link item's path must be a symbolic link with that target, as written."""
+    if "link" in item:
+        return not (found.get("islnk") and found.get("lnk_target") == item["link"])
     return not (
         found.get("isreg")
         and checksum == wanted_sha1
@@ -62,6 +66,8 @@ class ActionModule(ActionBase):
     _supports_diff = True
 
     def _wanted(self, item: dict) -> bytes:
+        if "link" in item:
+            return to_bytes(item["link"], errors="surrogate_or_strict")
         if "content" in item:
             return to_bytes(item["content"], errors="surrogate_or_strict")
         try:
@@ -85,6 +91,11 @@ class ActionModule(ActionBase):
         )
         return action.run(task_vars=task_vars)
 
+    def _link(self, item: dict, task_vars: dict) -> dict:
+        """Ansible's file module makes or re-points the symbolic link (replacing a file there)."""
+        args = {"src": item["link"], "dest": item["dest"], "state": "link", "force": True}
+        return self._execute_module(module_name="ansible.legacy.file", module_args=args, task_vars=task_vars)
+
     def _make_folder(self, folder: str, task_vars: dict) -> dict:
         """A missing destination folder, made root's 0755 (Ansible's copy makes none for one file)."""
         args = {"path": folder, "state": "directory", "owner": "root", "group": "root", "mode": "0755"}
@@ -96,14 +107,14 @@ class ActionModule(ActionBase):
         written: dict[str, dict] = {}
         for item in files:
             dest = item["dest"]
-            if not stale(item, wanted[dest], state["stat"][dest], state["checksum"][dest]):
+            if not stale(item, wanted[dest], state["stat"][dest], state["checksum"].get(dest)):
                 continue
             folder = posixpath.dirname(dest)
             if not state["stat"][folder]["exists"]:
                 written[folder] = self._make_folder(folder, task_vars)
                 state["stat"][folder]["exists"] = True
             if not written.get(folder, {}).get("failed"):
-                written[dest] = self._copy(item, task_vars)
+                written[dest] = self._link(item, task_vars) if "link" in item else self._copy(item, task_vars)
             failed = next(
                 (done for done in (written.get(folder), written.get(dest)) if done and done.get("failed")), None
             )
@@ -122,7 +133,7 @@ class ActionModule(ActionBase):
         folders = sorted({posixpath.dirname(dest) for dest in wanted} - set(wanted))
         state = self._execute_module(
             module_name=STATE_MODULE,
-            module_args={"stat": list(wanted) + folders, "checksum": list(wanted)},
+            module_args={"stat": list(wanted) + folders, "checksum": [i["dest"] for i in files if "link" not in i]},
             task_vars=task_vars,
         )
         if state.get("failed"):

@@ -8,13 +8,15 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 ---
 module: gpu_files
-short_description: Write several small files, with one round trip when they are current
+short_description: Write several small files and symbolic links, with one round trip when they are current
 description:
   - Writes each file of O(files) from its O(files[].content) or O(files[].src) with its mode and owner, like
     C(ansible.builtin.copy), which it runs for each file that differs.
   - A C(copy) or C(template) task costs two round trips to the host even when nothing changes. This action
     hashes each file's content on the controller and looks at every file on the host in one run of
     M(gpu_fleet.tf_hosts.gpu_host_state); a host where every file is current costs that one round trip.
+  - A O(files[].link) item makes a symbolic link instead, like C(ansible.builtin.file) with C(state=link) and
+    C(force=true), which it runs when the path is not a link with that target as written.
   - A missing destination folder is made, root's C(0755), before the first file that goes into it.
   - Check mode and diff mode work as in C(ansible.builtin.copy).
 version_added: "0.13.0"
@@ -39,10 +41,15 @@ options:
         description: A file on the controller, searched as C(ansible.builtin.copy) searches it (the role's
           C(files) folder first). Give this or O(files[].content).
         type: path
-      mode:
-        description: The file's mode, a quoted octal string such as C("0644").
+      link:
+        description: Make O(files[].dest) a symbolic link to this target, written as given (a relative
+          target is relative to the link's folder). Give this instead of O(files[].content) and O(files[].src);
+          O(files[].mode), O(files[].owner), O(files[].group) and O(files[].validate) do not apply.
         type: str
-        required: true
+        version_added: "0.15.0"
+      mode:
+        description: The file's mode, a quoted octal string such as C("0644"). Required for a file.
+        type: str
       owner:
         description: The file's owner.
         type: str
@@ -87,6 +94,15 @@ EXAMPLES = r"""
         content: "{{ lookup('ansible.builtin.template', 'sudoers.j2') }}"
         mode: "0440"
         validate: visudo -cf %s
+
+- name: List the stack for tf-stack, in one round trip with its environment file
+  gpu_fleet.tf_hosts.gpu_files:
+    files:
+      - dest: /opt/tensorflow/2.12/tf-stack.env
+        content: "CUDA_HOME=/usr/local/cuda-11.8\n"
+        mode: "0644"
+      - dest: /etc/tf-stacks/tf2.12.env
+        link: /opt/tensorflow/2.12/tf-stack.env
 """
 
 RETURN = r"""

@@ -32,7 +32,7 @@ def test_owner_group_and_a_short_mode_are_compared_as_given():
 
 def test_bad_arguments_are_named_each():
     assert gpu_files.item_errors([ITEM, ITEM | {"src": "x"}]) == [
-        "/etc/profile.d/gpu-env.sh: give exactly one of content and src"
+        "/etc/profile.d/gpu-env.sh: give exactly one of content, src and link"
     ]
     errors = gpu_files.item_errors(
         [{"dest": "relative", "content": "", "mode": 644, "recurse": True}, "not a dict", {"mode": "0644"}]
@@ -43,12 +43,30 @@ def test_bad_arguments_are_named_each():
         "relative: mode must be a quoted octal string such as '0644'",
         "files item 2 is not a dict",
         "item 3: dest must be an absolute path",
-        "item 3: give exactly one of content and src",
+        "item 3: give exactly one of content, src and link",
     ]
     assert gpu_files.item_errors("a string") == [
-        "files must be a list of {dest, content or src, mode, owner, group, validate}"
+        "files must be a list of {dest, content or src or link, mode, owner, group, validate}"
     ]
     assert gpu_files.item_errors([ITEM]) == []
+    # A link needs no mode, and takes no content besides.
+    assert gpu_files.item_errors([LINK]) == []
+    assert gpu_files.item_errors([LINK | {"content": ""}]) == [
+        "/etc/tf-stacks/default: give exactly one of content, src and link"
+    ]
+
+
+LINK = {"dest": "/etc/tf-stacks/default", "link": "tf2.12.env"}
+
+
+def test_a_link_is_current_only_as_a_link_with_its_target_as_written():
+    found = {"exists": True, "islnk": True, "isreg": False, "lnk_target": "tf2.12.env"}
+    assert not gpu_files.stale(LINK, "", found, None)
+    assert gpu_files.stale(LINK, "", found | {"lnk_target": "tf2.18.env"}, None)
+    # The same final file through another spelling is re-pointed: preflight reads the name back.
+    assert gpu_files.stale(LINK, "", found | {"lnk_target": "/etc/tf-stacks/tf2.12.env"}, None)
+    assert gpu_files.stale(LINK, "", {"exists": True, "islnk": False, "isreg": True}, "0" * 40)
+    assert gpu_files.stale(LINK, "", {"exists": False, "islnk": False}, None)
 
 
 class Recorder(gpu_files.ActionModule):
@@ -64,6 +82,10 @@ class Recorder(gpu_files.ActionModule):
 
     def _copy(self, item, task_vars):
         self.calls.append(("copy", item["dest"]))
+        return {"changed": True}
+
+    def _link(self, item, task_vars):
+        self.calls.append(("link", item["dest"]))
         return {"changed": True}
 
 
@@ -100,3 +122,15 @@ def test_a_folder_that_cannot_be_made_stops_the_writes_naming_the_file():
     _written, failed = action._write(files, {"/opt/gpu-verify/fit.py": SHA1}, state, {})
     assert failed["failed"] and failed["msg"] == "gpu_files: /opt/gpu-verify/fit.py: Permission denied"
     assert action.calls == [("folder", "/opt/gpu-verify")]
+
+
+def test_a_link_into_a_missing_registry_makes_the_folder_and_then_the_link_not_a_copy():
+    files = [ITEM, LINK | {"dest": "/etc/tf-stacks/tf2.12.env", "link": "/opt/tf/tf-stack.env"}]
+    state = {
+        "stat": {ITEM["dest"]: CURRENT, files[1]["dest"]: {"exists": False}, "/etc/tf-stacks": {"exists": False}},
+        "checksum": {ITEM["dest"]: SHA1},
+    }
+    action = Recorder()
+    written, failed = action._write(files, {ITEM["dest"]: SHA1, files[1]["dest"]: ""}, state, {})
+    assert failed is None
+    assert action.calls == [("folder", "/etc/tf-stacks"), ("link", "/etc/tf-stacks/tf2.12.env")]
