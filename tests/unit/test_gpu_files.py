@@ -134,3 +134,4 @@ def test_a_link_into_a_missing_registry_makes_the_folder_and_then_the_link_not_a
     written, failed = action._write(files, {ITEM["dest"]: SHA1, files[1]["dest"]: ""}, state, {})
     assert failed is None
     assert action.calls == [("folder", "/etc/tf-stacks"), ("link", "/etc/tf-stacks/tf2.12.env")]
+    assert sorted(written) == ["/etc/tf-stacks", "/etc/tf-stacks/tf2.12.env"]
