@@ -84,7 +84,7 @@ molecule: venv standins image
 	$(BIN)/molecule test -s multi_stack
 
 integration: venv standins image
-	$(BIN)/pytest -q tests/integration
+	$(BIN)/pytest -q --durations=0 tests/integration
 
 test: lint unit sanity molecule integration
 
