@@ -336,6 +336,14 @@ def test_run_python_in_a_stack_loads_that_stack(two_stacks):
     assert_own_stack(json.loads(done.stdout), "tf2.15", two_stacks)
 
 
+def test_run_without_the_separator_passes_the_commands_own_help_option_on(two_stacks):
+    done = tf_stack_cli(two_stacks, "run", "tf2.15", "sh", "-c", 'echo "$CUDA_HOME $1"', "sh", "-h")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"{two_stacks['stacks']['tf2.15']['root']} -h"
+    # Before the command, -h is tf-stack's own.
+    assert "SYNOPSIS" in tf_stack_cli(two_stacks, "run", "-h", "tf2.15", "true").stdout
+
+
 def test_env_prints_export_lines_a_shell_can_eval(two_stacks):
     done = tf_stack_cli(two_stacks, "env", "tf2.12")
     shell = subprocess.run(["sh", "-c", f'{done.stdout}\necho "$TF_STACK $CUDA_HOME"'], capture_output=True, text=True)

@@ -328,6 +328,16 @@ def _probe(args, values):
     return 1 if found["errors"] else 0
 
 
+def _own_arguments(argv):
+    """tf-stack's own arguments: those before ``--`` and, for ``run``, before the command after the
+    stack (``tf-stack run tf2.12 python3 -h`` asks python3 for its help)."""
+    ours = argv[: argv.index("--")] if "--" in argv else argv
+    if ours[:1] == ["run"]:
+        words = [number for number, word in enumerate(ours) if not word.startswith("-")]
+        ours = ours[: words[2]] if len(words) > 2 else ours
+    return ours
+
+
 def main(argv=None):
     import argparse
 
@@ -344,8 +354,7 @@ def main(argv=None):
         if action == "run":
             sub.add_argument("command", nargs=argparse.REMAINDER)
     argv = sys.argv[1:] if argv is None else argv
-    ours = argv[: argv.index("--")] if "--" in argv else argv
-    if {"-h", "--help"} & set(ours):
+    if {"-h", "--help"} & set(_own_arguments(argv)):
         print(HELP, end="")
         return 0
     args = parser.parse_args(argv)
