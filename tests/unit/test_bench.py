@@ -117,6 +117,15 @@ def test_table_with_todays_figures_names_every_gap():
     assert row(rows, "no-op site.yml, s")[-1] == "not met"
     assert row(rows, "second run: bytes")[-1] == "met"
     assert row(rows, "fit seconds")[1:4] == ["3.1", "3.0-3.4", "5 fits"]
+    # Without a 4-host provisioning no-op, its ratio stays empty.
+    assert row(rows, "no-op --skip-tags verify")[1:4] == ["61.0", "-", "-"]
+
+
+def test_provisioning_noop_scales_against_the_facts_ratio_without_a_target_of_its_own():
+    runs = {1: dict(TODAY[1]), 4: dict(TODAY[4], noop_prov_s=122.0)}
+    found = row(bench.table_rows(runs), "no-op --skip-tags verify")
+    # 122 / 61 = 2.00 against the facts' 6.5 / 3.8 = 1.71: 1.17 x.
+    assert found[1:] == ["61.0", "122.0", "4v1 2.00 = 1.17 x facts'", "", ""]
 
 
 def test_table_with_targets_met_and_a_byte_written():
