@@ -7,7 +7,6 @@ import json
 
 import pytest
 from ansible.errors import AnsibleLookupError
-
 from ansible_collections.gpu_fleet.tf_hosts.plugins.lookup import artifact_sha256
 
 CACHE = ".gpu-artifacts-sha256.json"
@@ -78,5 +77,5 @@ def test_check_mode_and_a_folder_that_cannot_be_written_keep_no_cache(tmp_path, 
 
 
 def test_relative_paths_are_refused_by_name():
-    with pytest.raises(AnsibleLookupError, match="absolute paths only: build/a.run"):
+    with pytest.raises(AnsibleLookupError, match=r"absolute paths only: build/a\.run"):
         artifact_sha256.LookupModule().run(["build/a.run"], variables={})
