@@ -1,8 +1,7 @@
 # make demo   - the main job end to end on the built-in sandbox host
-# make test   - lint, unit tests, ansible-test sanity; then the Molecule scenarios (default: check ->
-#               converge -> idempotence -> verify; preflight, artifacts, faults, driver_package,
-#               multi_stack) beside the integration tests (bad input, interrupted runs, air-gap,
-#               reports); then the Molecule fleet scenario alone
+# make test   - lint, unit tests, ansible-test sanity, Molecule default (check -> converge ->
+#               idempotence -> verify) and preflight, artifacts, faults and fleet scenarios, bad-input,
+#               air-gap and HTML-report runs
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 VENV := .venv
@@ -15,16 +14,16 @@ STANDINS := build/standins
 PYTEST_UNIT := tests/unit
 EE_TAG ?= gpu-fleet-tf-hosts-ee:0.16.0
 
-.PHONY: help deps venv image standins sandbox demo demo-clean lint unit sanity molecule molecule-shared molecule-fleet integration test bench locks ee-context ee clean
+.PHONY: help deps venv image standins sandbox demo demo-clean lint unit sanity molecule integration test bench locks ee-context ee clean
 
 help:
 	@echo "make demo        provision and verify the sandbox host, print the fleet report"
 	@echo "make demo-clean  remove the sandbox container"
-	@echo "make test        lint, unit, sanity; then Molecule beside the integration tests; then fleet"
+	@echo "make test        everything below, in order"
 	@echo "make lint        yamllint, ansible-lint (production), ruff"
 	@echo "make unit        pytest tests/unit"
 	@echo "make sanity      ansible-test sanity on the built and installed collection"
-	@echo "make molecule    Molecule scenarios default, preflight, artifacts, faults, driver_package, multi_stack, fleet"
+	@echo "make molecule    Molecule scenarios default, preflight, artifacts, faults, fleet"
 	@echo "make integration collection install, bad-input suite, interrupted runs, reports, air-gap, HTML"
 	@echo "make bench       timings on fresh sandbox hosts against the fleet targets (minutes; by hand)"
 	@echo "make locks       the venvs' dependency locks in data/locks/ from data/locks/targets.yml (uv, PyPI)"
@@ -75,27 +74,19 @@ unit: venv standins
 sanity: venv
 	tools/sanity.sh
 
-# `fleet` times its stand-in jobs against waits of a few seconds, so `make test` runs it alone; the
-# other scenarios share the machine with the integration tests (below).
-MOLECULE_SHARED := default preflight artifacts faults driver_package multi_stack
-
-molecule: molecule-shared molecule-fleet
-
-molecule-shared: venv standins image
-	set -e; for scenario in $(MOLECULE_SHARED); do $(BIN)/molecule test -s $$scenario; done
-
-molecule-fleet: venv standins image
+molecule: venv standins image
+	$(BIN)/molecule test -s default
+	$(BIN)/molecule test -s preflight
+	$(BIN)/molecule test -s artifacts
+	$(BIN)/molecule test -s faults
 	$(BIN)/molecule test -s fleet
+	$(BIN)/molecule test -s driver_package
+	$(BIN)/molecule test -s multi_stack
 
 integration: venv standins image
 	$(BIN)/pytest -q --durations=0 tests/integration
 
-# Molecule and the integration tests use containers of their own names, so they run side by side
-# (each waits mostly on its containers); each one's output is printed whole when it ends
-# (GNU make's --output-sync). Then `fleet` alone.
-test: lint unit sanity
-	$(MAKE) -j2 --output-sync=target molecule-shared integration
-	$(MAKE) molecule-fleet
+test: lint unit sanity molecule integration
 
 # Not part of `make test`: fresh containers, first provisioning on 1 and 4 hosts (many minutes).
 # BENCH_ARGS=--quick for 1 host only; --keep leaves the containers.
