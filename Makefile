@@ -1,7 +1,7 @@
 # make demo   - the main job end to end on the built-in sandbox host
 # make test   - lint, unit tests, ansible-test sanity, Molecule default (check -> converge ->
-#               idempotence -> verify) and preflight, artifacts, faults and fleet scenarios, bad-input,
-#               air-gap and HTML-report runs
+#               idempotence -> verify) and preflight, artifacts, faults, fleet, driver_package and
+#               multi_stack scenarios, bad-input, interrupted, air-gap and report runs
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 VENV := .venv
@@ -23,13 +23,19 @@ help:
 	@echo "make lint        yamllint, ansible-lint (production), ruff"
 	@echo "make unit        pytest tests/unit"
 	@echo "make sanity      ansible-test sanity on the built and installed collection"
-	@echo "make molecule    Molecule scenarios default, preflight, artifacts, faults, fleet"
+	@echo "make molecule    Molecule scenarios default, preflight, artifacts, faults, fleet, driver_package, multi_stack"
 	@echo "make integration collection install, bad-input suite, interrupted runs, reports, air-gap, HTML"
 	@echo "make bench       timings on fresh sandbox hosts against the fleet targets (minutes; by hand)"
 	@echo "make locks       the venvs' dependency locks in data/locks/ from data/locks/targets.yml (uv, PyPI)"
 	@echo "make ee-context  the execution environment's build context (ansible-builder create)"
 	@echo "make ee          the AWX/Automation Platform execution environment image (needs podman)"
 	@echo "make clean       remove build outputs, reports and Ansible's local state"
+	@echo "Building blocks (the targets above run them as needed):"
+	@echo "make deps        apt packages: podman, runc, debootstrap, makeself, gcc, xz-utils, chromium, python3-venv"
+	@echo "make venv        the controller's Python venv .venv with requirements.txt"
+	@echo "make image       the sandbox's Debian 12 image (debootstrap; once)"
+	@echo "make standins    the stand-ins for NVIDIA's installers under build/"
+	@echo "make sandbox     start the sandbox container gpu-sandbox"
 
 deps:
 	tools/install-host-deps.sh

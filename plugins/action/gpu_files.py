@@ -4,8 +4,10 @@
 
 A ``copy`` or ``template`` task costs two round trips even when nothing changes (a stat, then the file
 module for owner and mode). This action hashes every file's wanted content on the controller, looks at
-all of them on the host with gpu_host_state (one round trip), and runs Ansible's own ``copy`` action
-only for the files that differ. Documentation: plugins/modules/gpu_files.py.
+all of them on the host with gpu_host_state (one round trip), and writes only the files that differ:
+with the module gpu_files, all in one more round trip (each file through a temporary file and one
+rename, as ``copy`` does); with Ansible's own ``copy`` action where that is needed (a validate
+command, check or diff mode). Documentation: plugins/modules/gpu_files.py.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from ansible.module_utils.common.text.converters import to_bytes
 from ansible.plugins.action import ActionBase
 
 STATE_MODULE = "gpu_fleet.tf_hosts.gpu_host_state"
+MODULE = "gpu_fleet.tf_hosts.gpu_files"
 ITEM_KEYS = {"dest", "content", "src", "link", "mode", "owner", "group", "validate"}
 SOURCES = ("content", "src", "link")
 
@@ -43,6 +46,16 @@ def item_errors(files: Any) -> list[str]:
         if "link" not in item and not isinstance(item.get("mode"), str):
             errors.append(f"{name}: mode must be a quoted octal string such as '0644'")
     return errors
+
+
+def sha1(content: bytes) -> str:
+    return hashlib.sha1(content).hexdigest()
+
+
+def batch_item(item: dict, content: bytes) -> dict:
+    """What the host's module gpu_files needs of an item: its path, its text or link, owner and mode."""
+    written = {"link": item["link"]} if "link" in item else {"content": content.decode("utf-8"), "mode": item["mode"]}
+    return {"dest": item["dest"], "owner": item.get("owner", "root"), "group": item.get("group", "root")} | written
 
 
 def stale(item: dict, wanted_sha1: str, found: dict, checksum: str | None) -> bool:
@@ -101,27 +114,63 @@ class ActionModule(ActionBase):
         args = {"path": folder, "state": "directory", "owner": "root", "group": "root", "mode": "0755"}
         return self._execute_module(module_name="ansible.legacy.file", module_args=args, task_vars=task_vars)
 
-    def _write(self, files: list, wanted: dict, state: dict, task_vars: dict) -> tuple[dict, dict | None]:
-        """Each stale file's copy result (and each folder made) by path, and the failed result that
-        stopped the writes, if any."""
+    def _batchable(self, item: dict, content: bytes) -> bool:
+        """Whether the host's module can write the item among others in one round trip: not with a
+        validate command, in check or diff mode (Ansible's copy does those), or for bytes that are not
+        text."""
+        if "validate" in item or self._task.check_mode or self._task.diff:
+            return False
+        try:
+            content.decode("utf-8")
+        except UnicodeDecodeError:
+            return False
+        return True
+
+    def _flush(self, batch: list, written: dict, task_vars: dict) -> dict | None:
+        """The module gpu_files writes the batch on the host in order, in one round trip; the failed
+        result (the module names the file), if any."""
+        if not batch:
+            return None
+        done = self._execute_module(module_name=MODULE, module_args={"files": batch}, task_vars=task_vars)
+        if done.get("failed"):
+            # Without the module's invocation: its arguments hold the files' contents (pip.conf may hold
+            # an index URL's credentials).
+            failed = {key: value for key, value in done.items() if key != "invocation"}
+            return failed | {"msg": f"gpu_files: {done.get('msg', 'the write failed')}"}
+        written.update({path: {"changed": True} for path in done.get("files", {})})
+        return None
+
+    def _write_one(self, item: dict, state: dict, written: dict, task_vars: dict) -> dict | None:
+        """Ansible's copy or file for one item (its folder made first); the failed result, if any."""
+        dest = item["dest"]
+        folder = posixpath.dirname(dest)
+        if not state["stat"][folder]["exists"]:
+            written[folder] = self._make_folder(folder, task_vars)
+            state["stat"][folder]["exists"] = True
+        if not written.get(folder, {}).get("failed"):
+            written[dest] = self._link(item, task_vars) if "link" in item else self._copy(item, task_vars)
+        failed = next((done for done in (written.get(folder), written.get(dest)) if done and done.get("failed")), None)
+        # The module's own result (a validate command's stdout and stderr) with the file named.
+        return failed and failed | {"msg": f"gpu_files: {dest}: {failed.get('msg', 'the write failed')}"}
+
+    def _write(self, files: list, contents: dict, state: dict, task_vars: dict) -> tuple[dict, dict | None]:
+        """Each stale file's write result (and each folder made) by path, and the failed result that
+        stopped the writes, if any. Consecutive stale files go to the host in one batch; an item only
+        Ansible's copy can write sends the batch first, so the files are written in the given order."""
         written: dict[str, dict] = {}
+        batch: list[dict] = []
         for item in files:
             dest = item["dest"]
-            if not stale(item, wanted[dest], state["stat"][dest], state["checksum"].get(dest)):
+            if not stale(item, sha1(contents[dest]), state["stat"][dest], state["checksum"].get(dest)):
                 continue
-            folder = posixpath.dirname(dest)
-            if not state["stat"][folder]["exists"]:
-                written[folder] = self._make_folder(folder, task_vars)
-                state["stat"][folder]["exists"] = True
-            if not written.get(folder, {}).get("failed"):
-                written[dest] = self._link(item, task_vars) if "link" in item else self._copy(item, task_vars)
-            failed = next(
-                (done for done in (written.get(folder), written.get(dest)) if done and done.get("failed")), None
-            )
+            if self._batchable(item, contents[dest]):
+                batch.append(batch_item(item, contents[dest]))
+                continue
+            failed = self._flush(batch, written, task_vars) or self._write_one(item, state, written, task_vars)
+            batch = []
             if failed:
-                # The module's own result (a validate command's stdout and stderr) with the file named.
-                return written, failed | {"msg": f"gpu_files: {dest}: {failed.get('msg', 'the write failed')}"}
-        return written, None
+                return written, failed
+        return written, self._flush(batch, written, task_vars)
 
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
@@ -129,21 +178,21 @@ class ActionModule(ActionBase):
         errors = item_errors(files) + [f"unknown option {key}" for key in set(self._task.args) - {"files"}]
         if errors:
             raise AnsibleActionFail("gpu_files: " + "; ".join(errors))
-        wanted = {item["dest"]: hashlib.sha1(self._wanted(item)).hexdigest() for item in files}
-        folders = sorted({posixpath.dirname(dest) for dest in wanted} - set(wanted))
+        contents = {item["dest"]: self._wanted(item) for item in files}
+        folders = sorted({posixpath.dirname(dest) for dest in contents} - set(contents))
         state = self._execute_module(
             module_name=STATE_MODULE,
-            module_args={"stat": list(wanted) + folders, "checksum": [i["dest"] for i in files if "link" not in i]},
+            module_args={"stat": list(contents) + folders, "checksum": [i["dest"] for i in files if "link" not in i]},
             task_vars=task_vars,
         )
         if state.get("failed"):
             return state
-        written, failed = self._write(files, wanted, state, task_vars)
+        written, failed = self._write(files, contents, state, task_vars)
         if failed:
             self._remove_tmp_path(self._connection._shell.tmpdir)
             return failed
         result["changed"] = any(done.get("changed") for done in written.values())
-        result["files"] = {dest: {"changed": bool(written.get(dest, {}).get("changed"))} for dest in wanted}
+        result["files"] = {dest: {"changed": bool(written.get(dest, {}).get("changed"))} for dest in contents}
         diffs = [done["diff"] for done in written.values() if done.get("diff")]
         if diffs:
             result["diff"] = [d for diff in diffs for d in (diff if isinstance(diff, list) else [diff])]

@@ -399,6 +399,15 @@ CHECKS = (
 )
 
 
+def _skip_names(skip_checks: list | str | None) -> set:
+    """The check names to skip. A string is a comma-separated list (``-e gpu_preflight_skip_checks=disk``),
+    as Ansible's argument validation reads a string for a list option (Ansible documentation, "Argument
+    spec", type list); the role's variable itself stays the string."""
+    if isinstance(skip_checks, str):
+        return {name.strip() for name in skip_checks.split(",") if name.strip()}
+    return set(skip_checks or [])
+
+
 def _unknown_skips(skip: set) -> list[dict[str, str]]:
     """A problem for each name in ``skip_checks`` that is no check, with the closest name if any."""
     found = []
@@ -453,7 +462,7 @@ def check_host(facts: dict, settings: dict | None = None) -> dict:
             continue
         found = [_finding(name, fields) for fields in check(facts)]
         (warnings if scope == "hardware" and not settings.get("strict_hardware") else problems).extend(found)
-    skip = set(settings.get("skip_checks") or [])
+    skip = _skip_names(settings.get("skip_checks"))
     problems += _unknown_skips(skip)
     overridden = [
         p for p in problems if p["check"] != "skip_checks" and (settings.get("allow_unsupported") or p["check"] in skip)

@@ -157,7 +157,7 @@ MESSAGES: dict[str, Message] = {
     "tensorflow_known_bad": Message("tensorflow", "TensorFlow {version}: {note}", ""),
     "python_unreadable": Message(
         "python",
-        "Could not read the version of {path} on the host ({found!r}).",
+        "Could not read the version of {path} on the host{detail}.",
         "Install Python {supported} or point the stack's python at it.",
     ),
     "python_unsupported": Message(
@@ -538,7 +538,8 @@ def _check_python(name: str, tf: dict, tf_row: dict, path: str, found: str, matr
     try:
         python = _v(found)
     except InvalidVersion:
-        return [_problem(name, "python_unreadable", path=path, found=found, supported=_spec_text(tf_row["python"]))]
+        detail = f" (it printed {found!r})" if found else ": no such file, or it does not run"
+        return [_problem(name, "python_unreadable", path=path, detail=detail, supported=_spec_text(tf_row["python"]))]
     if SpecifierSet(tf_row["python"]).contains(python):
         return []
     fits = tensorflow_series_for_python(matrix, python)
@@ -664,14 +665,22 @@ def _pick_cudnn(name: str, cudnn_pin: str, cuda_pin: str, manifest: dict) -> tup
 
 def _check_driver(name: str, tf: dict, cuda: dict | None, driver_text: str, matrix: dict) -> list[Problem]:
     """The CUDA runtime must not be newer than the driver (CUDA Toolkit release notes, table "CUDA
-    Toolkit and Corresponding Driver Versions"); suggests older TensorFlow series the driver runs."""
+    Toolkit and Corresponding Driver Versions"); suggests the CUDA TensorFlow was built with where the
+    stack pins another one the driver cannot run, else older TensorFlow series the driver runs."""
     if not (cuda and cuda["min_driver"] and driver_text):
         return []
     driver = _v(driver_text)
     if driver >= _v(cuda["min_driver"]):
         return []
+    built = tf["built_cuda"]
+    built_runs = any(_starts(v, built) and _v(row["min_driver"]) <= driver for v, row in matrix["cuda"].items())
     older = [s for s in tensorflow_series_for_driver(matrix, driver) if _v(s) < _v(tf["series"])]
-    alternative = f" or pin TensorFlow {_range_text(older)}" if older else ""
+    if built_runs and cuda["series"] != built:
+        alternative = (
+            f" or pin CUDA {built}, which TensorFlow {tf['series']} was built with and driver {driver_text} runs"
+        )
+    else:
+        alternative = f" or pin TensorFlow {_range_text(older)}" if older else ""
     fields = {"cuda": cuda["version"], "min_driver": cuda["min_driver"], "driver": driver_text}
     return [_problem(name, "driver_too_old", alternative=alternative, **fields)]
 

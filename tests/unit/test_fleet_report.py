@@ -777,3 +777,12 @@ def test_a_venv_installed_without_a_lock_is_not_run_never_passed() -> None:
     assert row["checks"]["lock"] == {"status": "not run", "passed": None, "reason": note}
     junit = fleet_report.format_junit(fleet_report.build_report({"h": [doc]}, None))
     assert f'name="lock"><skipped message="not run: {note}"' in junit
+
+
+def test_the_plan_header_counts_one_host_in_the_singular() -> None:
+    import fleet_plan
+
+    one = {"inventory": "sandbox", "summary": fleet_plan.summarize({"a": {"changes": 0}}), "hosts": {}}
+    assert fleet_plan.format_text(one).startswith(f"{fleet_plan.TITLE}. Inventory sandbox: 1 host, 0 would change")
+    two = one | {"summary": fleet_plan.summarize({"a": {"changes": 1}, "b": {"changes": 0}})}
+    assert "Inventory sandbox: 2 hosts, 1 would change, 1 nothing to do" in fleet_plan.format_text(two)

@@ -1,10 +1,19 @@
-"""gpu_files (action plugin): its argument checks and the decision which files need Ansible's copy."""
+"""gpu_files: the action's argument checks and its decision which files to write and how; the host's
+module writing them in a temporary tree."""
 
 from __future__ import annotations
 
 import hashlib
+import json
+import os
+import pwd
+import stat
+from types import SimpleNamespace
 
+import pytest
+from ansible.module_utils.testing import patch_module_args
 from ansible_collections.gpu_fleet.tf_hosts.plugins.action import gpu_files
+from ansible_collections.gpu_fleet.tf_hosts.plugins.modules import gpu_files as gpu_files_module
 
 SHA1 = hashlib.sha1(b"PATH=/usr/local/cuda/bin:$PATH\n").hexdigest()
 ITEM = {"dest": "/etc/profile.d/gpu-env.sh", "content": "PATH=/usr/local/cuda/bin:$PATH\n", "mode": "0644"}
@@ -72,8 +81,10 @@ def test_a_link_is_current_only_as_a_link_with_its_target_as_written():
 class Recorder(gpu_files.ActionModule):
     """The action's write loop with the host's modules replaced by a record of the calls."""
 
-    def __init__(self, fail: str = ""):  # no Ansible task or connection: only _write runs
-        self.calls: list[tuple[str, str]] = []
+    def __init__(self, fail: str = "", check_mode: bool = False, diff: bool = False):
+        # No Ansible connection: only _write runs; the task says only whether check or diff mode is on.
+        self._task = SimpleNamespace(check_mode=check_mode, diff=diff)
+        self.calls: list[tuple] = []
         self.fail = fail
 
     def _make_folder(self, folder, task_vars):
@@ -88,50 +99,158 @@ class Recorder(gpu_files.ActionModule):
         self.calls.append(("link", item["dest"]))
         return {"changed": True}
 
+    def _execute_module(self, module_name, module_args, task_vars):
+        assert module_name == "gpu_fleet.tf_hosts.gpu_files"
+        self.calls.append(("batch", module_args["files"]))
+        if self.fail:
+            return {"failed": True, "msg": f"{self.fail}: Permission denied", "files": {}, "invocation": {}}
+        return {"changed": True, "files": {item["dest"]: {"changed": True} for item in module_args["files"]}}
 
-def test_a_missing_folder_is_made_once_before_its_first_file_and_current_files_are_left_alone():
-    files = [ITEM | {"dest": f"/opt/gpu-verify/{name}"} for name in ("fit.py", "gpu_count.py")] + [ITEM]
-    wanted = {item["dest"]: SHA1 for item in files}
+
+def contents(files):
+    return {item["dest"]: (item.get("content") or item.get("link", "")).encode() for item in files}
+
+
+def missing(*paths):
+    return {path: {"exists": False} for path in paths}
+
+
+SCRIPTS = [ITEM | {"dest": f"/opt/gpu-verify/{name}"} for name in ("fit.py", "gpu_count.py")]
+
+
+def test_the_stale_files_go_to_the_host_in_one_batch_in_order_and_current_files_are_left_alone():
+    files = [SCRIPTS[0], ITEM, SCRIPTS[1]]
     state = {
-        "stat": {
-            "/opt/gpu-verify/fit.py": {"exists": False},
-            "/opt/gpu-verify/gpu_count.py": {"exists": False},
-            ITEM["dest"]: CURRENT,
-            "/opt/gpu-verify": {"exists": False},
-        },
-        "checksum": {"/opt/gpu-verify/fit.py": None, "/opt/gpu-verify/gpu_count.py": None, ITEM["dest"]: SHA1},
+        "stat": missing(*(item["dest"] for item in SCRIPTS), "/opt/gpu-verify") | {ITEM["dest"]: CURRENT},
+        "checksum": {ITEM["dest"]: SHA1},
     }
     action = Recorder()
-    written, failed = action._write(files, wanted, state, {})
+    written, failed = action._write(files, contents(files), state, {})
     assert failed is None
-    assert action.calls == [
-        ("folder", "/opt/gpu-verify"),
-        ("copy", "/opt/gpu-verify/fit.py"),
-        ("copy", "/opt/gpu-verify/gpu_count.py"),
+    sent = {"content": ITEM["content"], "mode": "0644", "owner": "root", "group": "root"}
+    assert action.calls == [("batch", [sent | {"dest": item["dest"]} for item in SCRIPTS])]
+    assert sorted(written) == [item["dest"] for item in SCRIPTS]
+
+
+def test_a_file_with_a_validate_command_goes_through_copy_after_the_files_before_it():
+    sudoers = ITEM | {"dest": "/etc/sudoers.d/gpu-env", "mode": "0440", "validate": "visudo -cf %s"}
+    files = [SCRIPTS[0], sudoers, SCRIPTS[1]]
+    state = {"stat": missing(*(item["dest"] for item in files)) | missing("/opt/gpu-verify"), "checksum": {}}
+    state["stat"]["/etc/sudoers.d"] = {"exists": True}
+    action = Recorder()
+    _written, failed = action._write(files, contents(files), state, {})
+    assert failed is None
+    assert [(call[0], call[1] if call[0] != "batch" else [i["dest"] for i in call[1]]) for call in action.calls] == [
+        ("batch", ["/opt/gpu-verify/fit.py"]),
+        ("copy", "/etc/sudoers.d/gpu-env"),
+        ("batch", ["/opt/gpu-verify/gpu_count.py"]),
     ]
-    assert sorted(written) == ["/opt/gpu-verify", "/opt/gpu-verify/fit.py", "/opt/gpu-verify/gpu_count.py"]
 
 
-def test_a_folder_that_cannot_be_made_stops_the_writes_naming_the_file():
+def test_check_and_diff_mode_write_each_file_with_copy_as_before():
+    for mode in ({"check_mode": True}, {"diff": True}):
+        state = {"stat": missing(*(item["dest"] for item in SCRIPTS), "/opt/gpu-verify"), "checksum": {}}
+        action = Recorder(**mode)
+        _written, failed = action._write(SCRIPTS, contents(SCRIPTS), state, {})
+        assert failed is None
+        assert action.calls == [
+            ("folder", "/opt/gpu-verify"),
+            ("copy", "/opt/gpu-verify/fit.py"),
+            ("copy", "/opt/gpu-verify/gpu_count.py"),
+        ]
+
+
+def test_bytes_that_are_not_text_go_through_copy():
+    item = ITEM | {"dest": "/opt/x/blob.bin"}
+    state = {"stat": missing("/opt/x/blob.bin") | {"/opt/x": {"exists": True}}, "checksum": {}}
+    action = Recorder()
+    action._write([item], {item["dest"]: b"\xff\xfe"}, state, {})
+    assert action.calls == [("copy", "/opt/x/blob.bin")]
+
+
+def test_a_batch_the_host_cannot_write_stops_with_the_file_named():
+    action = Recorder(fail="/opt/gpu-verify/fit.py")
+    state = {"stat": missing(*(item["dest"] for item in SCRIPTS), "/opt/gpu-verify"), "checksum": {}}
+    written, failed = action._write(SCRIPTS, contents(SCRIPTS), state, {})
+    assert failed["failed"] and failed["msg"] == "gpu_files: /opt/gpu-verify/fit.py: Permission denied"
+    # The module's arguments (the files' contents) are not passed on.
+    assert "invocation" not in failed
+    assert written == {}
+
+
+def test_a_folder_that_cannot_be_made_for_copy_stops_the_writes_naming_the_file():
     files = [ITEM | {"dest": "/opt/gpu-verify/fit.py"}]
-    state = {
-        "stat": {"/opt/gpu-verify/fit.py": {"exists": False}, "/opt/gpu-verify": {"exists": False}},
-        "checksum": {"/opt/gpu-verify/fit.py": None},
-    }
-    action = Recorder(fail="/opt/gpu-verify")
-    _written, failed = action._write(files, {"/opt/gpu-verify/fit.py": SHA1}, state, {})
+    state = {"stat": missing("/opt/gpu-verify/fit.py", "/opt/gpu-verify"), "checksum": {}}
+    action = Recorder(fail="/opt/gpu-verify", check_mode=True)
+    _written, failed = action._write(files, contents(files), state, {})
     assert failed["failed"] and failed["msg"] == "gpu_files: /opt/gpu-verify/fit.py: Permission denied"
     assert action.calls == [("folder", "/opt/gpu-verify")]
 
 
-def test_a_link_into_a_missing_registry_makes_the_folder_and_then_the_link_not_a_copy():
+def test_a_link_is_sent_with_its_target_and_no_mode():
     files = [ITEM, LINK | {"dest": "/etc/tf-stacks/tf2.12.env", "link": "/opt/tf/tf-stack.env"}]
     state = {
-        "stat": {ITEM["dest"]: CURRENT, files[1]["dest"]: {"exists": False}, "/etc/tf-stacks": {"exists": False}},
+        "stat": {ITEM["dest"]: CURRENT} | missing(files[1]["dest"], "/etc/tf-stacks"),
         "checksum": {ITEM["dest"]: SHA1},
     }
     action = Recorder()
-    written, failed = action._write(files, {ITEM["dest"]: SHA1, files[1]["dest"]: ""}, state, {})
+    written, failed = action._write(files, contents(files), state, {})
     assert failed is None
-    assert action.calls == [("folder", "/etc/tf-stacks"), ("link", "/etc/tf-stacks/tf2.12.env")]
-    assert sorted(written) == ["/etc/tf-stacks", "/etc/tf-stacks/tf2.12.env"]
+    link = {"dest": "/etc/tf-stacks/tf2.12.env", "link": "/opt/tf/tf-stack.env", "owner": "root", "group": "root"}
+    assert action.calls == [("batch", [link])]
+    assert sorted(written) == ["/etc/tf-stacks/tf2.12.env"]
+
+
+# The host side: the module gpu_files writes what the action sends, in a temporary tree (as root here,
+# as on a host; owner and group default to root).
+def run_module(capsys, files, **params):
+    with patch_module_args({"files": files} | params), pytest.raises(SystemExit) as done:
+        gpu_files_module.main()
+    return done.value.code, json.loads(capsys.readouterr().out)
+
+
+def test_the_module_writes_new_files_into_new_folders_with_their_mode(tmp_path, capsys):
+    dest = tmp_path / "opt" / "gpu-verify" / "fit.py"
+    code, result = run_module(capsys, [{"dest": str(dest), "content": "print(1)\n", "mode": "0640"}])
+    assert code == 0 and result["changed"] and result["files"] == {str(dest): {"changed": True}}
+    assert dest.read_text() == "print(1)\n"
+    assert stat.S_IMODE(dest.stat().st_mode) == 0o640
+    assert (
+        stat.S_IMODE(dest.parent.stat().st_mode) == 0o755 and stat.S_IMODE(dest.parent.parent.stat().st_mode) == 0o755
+    )
+    assert dest.stat().st_uid == pwd.getpwnam("root").pw_uid
+    # No temporary file is left beside it.
+    assert [path.name for path in dest.parent.iterdir()] == ["fit.py"]
+
+
+def test_the_module_replaces_a_file_or_a_link_in_place_in_the_given_order(tmp_path, capsys):
+    (tmp_path / "env").write_text("old\n")
+    os.chmod(tmp_path / "env", 0o600)
+    (tmp_path / "default").symlink_to("tf2.18.env")
+    (tmp_path / "profile.sh").symlink_to("elsewhere")
+    files = [
+        {"dest": str(tmp_path / "env"), "content": "CUDA_HOME=/usr/local/cuda-11.8\n", "mode": "0644"},
+        {"dest": str(tmp_path / "default"), "link": "tf2.12.env"},
+        {"dest": str(tmp_path / "profile.sh"), "content": "export A=1\n", "mode": "0644"},
+    ]
+    code, _result = run_module(capsys, files)
+    assert code == 0
+    assert (tmp_path / "env").read_text().startswith("CUDA_HOME") and stat.S_IMODE(
+        (tmp_path / "env").stat().st_mode
+    ) == 0o644
+    assert os.readlink(tmp_path / "default") == "tf2.12.env"
+    assert not (tmp_path / "profile.sh").is_symlink() and (tmp_path / "profile.sh").read_text() == "export A=1\n"
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["default", "env", "profile.sh"]
+
+
+def test_the_module_will_not_put_a_link_over_a_folder_and_names_it(tmp_path, capsys):
+    (tmp_path / "cuda").mkdir()
+    code, result = run_module(capsys, [{"dest": str(tmp_path / "cuda"), "link": "cuda-11.8"}])
+    assert code == 1 and result["msg"].startswith(f"{tmp_path / 'cuda'} is a folder")
+    assert (tmp_path / "cuda").is_dir() and not (tmp_path / "cuda").is_symlink()
+
+
+def test_the_module_in_check_mode_writes_nothing(tmp_path, capsys):
+    dest = tmp_path / "new" / "file"
+    code, result = run_module(capsys, [{"dest": str(dest), "content": "x", "mode": "0644"}], _ansible_check_mode=True)
+    assert code == 0 and result["changed"] and not (tmp_path / "new").exists()

@@ -343,6 +343,17 @@ def test_unknown_skip_check_is_named_with_a_suggestion():
     )
 
 
+def test_skip_checks_given_as_a_string_on_the_command_line_are_names_split_at_commas():
+    # -e gpu_preflight_skip_checks=disk passes the string "disk", not a list: not four letters.
+    nouveau = facts(proc_modules="nouveau 2306048 0 - Live 0x0\n")
+    assert not gpu_host.check_host(nouveau)["ok"]
+    result = gpu_host.check_host(nouveau, {"skip_checks": "disk, nouveau"})
+    assert result["ok"] and [p["check"] for p in result["overridden"]] == ["nouveau"]
+    assert gpu_host.check_host(facts(), {"skip_checks": "dsik"})["problems"][0]["cause"] == (
+        "gpu_preflight_skip_checks names an unknown check 'dsik' (did you mean 'disk'?)."
+    )
+
+
 def test_noexec_fix_names_the_variable():
     exec_paths = [
         {"path": "/var/tmp/cuda-installer", "purpose": "CUDA installer scratch", "variable": "cuda_toolkit_tmpdir"}

@@ -240,9 +240,13 @@ def test_python_too_new_for_any_tensorflow():
 def test_python_unreadable():
     result = resolve({"name": "x", "tensorflow": "2.12", "python": "/opt/py/bin/python3"}, python="")
     assert result["messages"] == [
-        "x: Could not read the version of /opt/py/bin/python3 on the host (''). "
+        "x: Could not read the version of /opt/py/bin/python3 on the host: no such file, or it does not run. "
         "Install Python 3.8-3.11 or point the stack's python at it."
     ]
+    printed = resolve({"name": "x", "tensorflow": "2.12", "python": "/opt/py/bin/python3"}, python="Python 2.7.18")
+    assert printed["messages"][0].startswith(
+        "x: Could not read the version of /opt/py/bin/python3 on the host (it printed 'Python 2.7.18')."
+    )
 
 
 def test_unknown_tensorflow():
@@ -306,6 +310,14 @@ def test_cuda_other_major_than_tensorflow_build():
         "library TensorFlow does not load. Pin CUDA 11.8 for TensorFlow 2.12, or leave cuda out to take it "
         "from the matrix."
     ) in result["messages"]
+
+
+def test_a_cuda_pin_the_driver_cannot_run_points_back_at_the_built_cuda_not_older_tensorflow():
+    result = resolve({"name": "a", "tensorflow": "2.12", "cuda": "12.2"})
+    assert result["messages"][-1] == (
+        "a: CUDA 12.2.2 needs driver >= 535.104.05; the pinned driver is 520.61.05. Raise nvidia_driver_version "
+        "to >= 535.104.05 or pin CUDA 11.8, which TensorFlow 2.12 was built with and driver 520.61.05 runs."
+    )
 
 
 def test_cuda_other_minor_warns_only():

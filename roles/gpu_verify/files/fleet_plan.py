@@ -53,7 +53,7 @@ def format_text(document: dict[str, Any]) -> str:
     """The plan for a terminal: a header, then each host's lines."""
     summary = document["summary"]
     lines = [
-        f"{TITLE}. Inventory {document['inventory']}: {summary['hosts']} hosts, {summary['would_change']} would "
+        f"{TITLE}. Inventory {document['inventory']}: {summary['hosts']} host{'' if summary['hosts'] == 1 else 's'}, {summary['would_change']} would "
         f"change, {summary['nothing_to_do']} nothing to do"
         + (f", {summary['no_plan']} no plan" if summary["no_plan"] else "")
     ]
