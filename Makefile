@@ -12,7 +12,7 @@ export ANSIBLE_HOME := $(CURDIR)/.ansible
 export ANSIBLE_FORCE_COLOR ?= 0
 STANDINS := build/standins
 PYTEST_UNIT := tests/unit
-EE_TAG ?= gpu-fleet-tf-hosts-ee:0.17.0
+EE_TAG ?= gpu-fleet-tf-hosts-ee:0.18.0
 
 .PHONY: help deps venv image standins sandbox demo demo-clean lint unit sanity molecule integration test bench locks ee-context ee clean
 

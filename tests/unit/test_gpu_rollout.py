@@ -301,14 +301,23 @@ def _role_step(task: dict[str, Any]) -> tuple[str, str] | None:
     return None
 
 
+def _expand(tasks: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    """The tasks with each playbook task file they import (playbooks/tasks/) in its place."""
+    expanded = []
+    for task in tasks or []:
+        imported = task.get("ansible.builtin.import_tasks")
+        expanded += _expand(_load("playbooks/" + imported)) if imported else [task]
+    return expanded
+
+
 def site_steps() -> list[list[tuple[str, str]]]:
     """site.yml's plays, each as its (role, entry point) steps in order."""
     plays = []
     for entry in _load("playbooks/site.yml"):
         for play in _load("playbooks/" + entry["ansible.builtin.import_playbook"]):
-            steps = [_role_step(t) for t in play.get("pre_tasks", [])]
+            steps = [_role_step(t) for t in _expand(play.get("pre_tasks"))]
             steps += [(r["role"].split(".")[-1], "main") for r in play.get("roles", [])]
-            steps += [_role_step(t) for t in play.get("post_tasks", [])]
+            steps += [_role_step(t) for t in _expand(play.get("tasks")) + _expand(play.get("post_tasks"))]
             plays.append([s for s in steps if s])
     return plays
 
@@ -316,7 +325,7 @@ def site_steps() -> list[list[tuple[str, str]]]:
 def rollout_tasks() -> list[dict[str, Any]]:
     (play,) = _load("playbooks/reprovision.yml")
     (block,) = play["tasks"]
-    return block["block"]
+    return _expand(block["block"])
 
 
 def test_reprovision_runs_site_yml_roles_and_entry_points_in_order():
