@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import posixpath
+import re
 from typing import Any
 
 from ansible.errors import AnsibleActionFail
@@ -43,7 +44,8 @@ def item_errors(files: Any) -> list[str]:
             errors.append(f"{name}: dest must be an absolute path")
         if sum(key in item for key in SOURCES) != 1:
             errors.append(f"{name}: give exactly one of content, src and link")
-        if "link" not in item and not isinstance(item.get("mode"), str):
+        mode = item.get("mode")
+        if "link" not in item and not (isinstance(mode, str) and re.fullmatch(r"[0-7]{3,4}", mode)):
             errors.append(f"{name}: mode must be a quoted octal string such as '0644'")
     return errors
 
@@ -133,6 +135,7 @@ class ActionModule(ActionBase):
             return None
         done = self._execute_module(module_name=MODULE, module_args={"files": batch}, task_vars=task_vars)
         if done.get("failed"):
+            written.update(done.get("files") or {})
             # Without the module's invocation: its arguments hold the files' contents (pip.conf may hold
             # an index URL's credentials).
             failed = {key: value for key, value in done.items() if key != "invocation"}

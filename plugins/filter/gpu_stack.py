@@ -663,7 +663,9 @@ def _pick_cudnn(name: str, cudnn_pin: str, cuda_pin: str, manifest: dict) -> tup
     return record, []
 
 
-def _check_driver(name: str, tf: dict, cuda: dict | None, driver_text: str, matrix: dict) -> list[Problem]:
+def _check_driver(
+    name: str, tf: dict, cuda: dict | None, driver_text: str, matrix: dict, manifest: dict
+) -> list[Problem]:
     """The CUDA runtime must not be newer than the driver (CUDA Toolkit release notes, table "CUDA
     Toolkit and Corresponding Driver Versions"); suggests the CUDA TensorFlow was built with where the
     stack pins another one the driver cannot run, else older TensorFlow series the driver runs."""
@@ -673,7 +675,10 @@ def _check_driver(name: str, tf: dict, cuda: dict | None, driver_text: str, matr
     if driver >= _v(cuda["min_driver"]):
         return []
     built = tf["built_cuda"]
-    built_runs = any(_starts(v, built) and _v(row["min_driver"]) <= driver for v, row in matrix["cuda"].items())
+    # The release a pin of the built CUDA would resolve to (_pick_cuda), not any release of that series.
+    built_pick = _pick_artifact(manifest, "cuda_toolkit", built)
+    built_floor = cuda_min_driver(matrix, str(built_pick[1]["version"])) if built_pick else None
+    built_runs = built_floor is not None and built_floor <= driver
     older = [s for s in tensorflow_series_for_driver(matrix, driver) if _v(s) < _v(tf["series"])]
     if built_runs and cuda["series"] != built:
         alternative = (
@@ -762,7 +767,7 @@ def resolve_stack(pin: dict, matrix: dict, manifest: dict, host: dict) -> dict:
     problems += found
     cudnn, found = _resolve_cudnn(name, tf, cudnn_pin, cuda_pin, manifest)
     problems += found
-    problems += _check_driver(name, tf, cuda, str(host.get("driver_version") or ""), matrix)
+    problems += _check_driver(name, tf, cuda, str(host.get("driver_version") or ""), matrix, manifest)
     problems += _check_compute_capability(name, tf, tf_row, host.get("gpus"))
     problems += _check_checksums(name, [("cuda", cuda and cuda["runfile"]), ("cudnn", cudnn and cudnn["archive"])])
 

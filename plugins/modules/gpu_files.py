@@ -14,7 +14,8 @@ description:
   - Writes each file of O(files) from its O(files[].content) or O(files[].src) with its mode and owner, like
     C(ansible.builtin.copy).
   - The files that differ are written on the host in one more round trip, in the given order, each into a
-    temporary file beside it and then renamed over the old one, as C(ansible.builtin.copy) does. A file
+    temporary file beside it that already has its owner, group, mode and SELinux context, then renamed
+    over the old one, so a reader sees the old file or the new one, never a part. A file
     with O(files[].validate), and every file in check mode or diff mode, is written by C(ansible.builtin.copy)
     itself.
   - A C(copy) or C(template) task costs two round trips to the host even when nothing changes. This action
@@ -119,7 +120,9 @@ files:
   sample: {"/etc/profile.d/gpu-env.sh": {"changed": false}}
 """
 
+import grp  # noqa: E402
 import os  # noqa: E402
+import pwd  # noqa: E402
 import tempfile  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402  (after the documentation, as validate-modules requires)
@@ -128,14 +131,23 @@ from ansible.module_utils.common.text.converters import to_bytes  # noqa: E402
 TEMP_PREFIX = ".gpu_files."
 
 
-def set_attributes(module: AnsibleModule, path: str, item: dict) -> None:
-    """Owner (root unless named), group and mode, with AnsibleModule's own setters."""
-    module.set_owner_if_different(path, item.get("owner", "root"), False)
-    module.set_group_if_different(path, item.get("group", "root"), False)
-    module.set_mode_if_different(path, item["mode"], False)
+def ownership(item: dict) -> tuple:
+    """The item's uid, gid and mode as numbers, before anything is written: a name that does not
+    resolve or a mode that is not octal stops the write with nothing changed."""
+    owner, group = item.get("owner", "root"), item.get("group", "root")
+    try:
+        uid = pwd.getpwnam(owner).pw_uid
+        gid = grp.getgrnam(group).gr_gid
+    except KeyError as error:
+        raise ValueError(f"no user {owner!r} or group {group!r} on the host") from error
+    try:
+        mode = int(item["mode"], 8)
+    except (KeyError, TypeError, ValueError) as error:
+        raise ValueError(f"mode {item.get('mode')!r} is not an octal mode such as '0644'") from error
+    return uid, gid, mode
 
 
-def make_folders(module: AnsibleModule, folder: str) -> None:
+def make_folders(folder: str) -> None:
     """Each missing folder up to O(folder), root's 0755, as the action's C(file) task made it."""
     missing = []
     while folder and not os.path.lexists(folder):
@@ -143,51 +155,74 @@ def make_folders(module: AnsibleModule, folder: str) -> None:
         folder = os.path.dirname(folder)
     for path in reversed(missing):
         os.mkdir(path, 0o755)
-        set_attributes(module, path, {"owner": "root", "group": "root", "mode": "0755"})
+        os.chown(path, 0, 0)
+        os.chmod(path, 0o755)
+
+
+def replace(module: AnsibleModule, temporary: str, dest: str) -> None:
+    """The prepared temporary file renamed over the path in one step (a reader sees the old file or the
+    new one, never a part), with the old file's SELinux context, or the policy's for a new one."""
+    if module.selinux_enabled():
+        exists = os.path.lexists(dest)
+        context = module.selinux_context(dest) if exists else module.selinux_default_context(dest)
+        module.set_context_if_different(temporary, context, False)
+    os.rename(temporary, dest)
 
 
 def write_file(module: AnsibleModule, item: dict) -> None:
-    """The file's content into a temporary file beside it, moved over the old one in one rename (as
-    ansible.builtin.copy does, through AnsibleModule.atomic_move), then its owner, group and mode."""
+    """The file's content into a temporary file beside it that already has its owner, group and mode,
+    then renamed over the old one (so the file never shows with other attributes)."""
     dest = item["dest"]
+    uid, gid, mode = ownership(item)
     handle, temporary = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=os.path.dirname(dest))
     try:
+        os.fchown(handle, uid, gid)
+        os.fchmod(handle, mode)
         with os.fdopen(handle, "wb") as stream:
             stream.write(to_bytes(item["content"], errors="surrogate_or_strict"))
-        module.atomic_move(temporary, dest, keep_dest_attrs=False)
+        replace(module, temporary, dest)
     finally:
         if os.path.lexists(temporary):
             os.unlink(temporary)
-    set_attributes(module, dest, item)
 
 
 def write_link(module: AnsibleModule, item: dict) -> None:
     """A symbolic link made beside the path and renamed over it: a file or link there is replaced in
-    one step, a folder is not (ansible.builtin.file refuses it too)."""
+    one step, a folder is not (ansible.builtin.file refuses a folder that is not empty too)."""
     dest = item["dest"]
     if os.path.isdir(dest) and not os.path.islink(dest):
-        module.fail_json(msg=f"{dest} is a folder; a symbolic link cannot replace it. Move the folder away.")
+        raise ValueError("it is a folder; a symbolic link cannot replace it. Move the folder away")
     temporary = os.path.join(os.path.dirname(dest), f"{TEMP_PREFIX}{os.path.basename(dest)}.{os.getpid()}")
     if os.path.lexists(temporary):
         os.unlink(temporary)
-    os.symlink(item["link"], temporary)
-    os.rename(temporary, dest)
+    try:
+        os.symlink(item["link"], temporary)
+        os.rename(temporary, dest)
+    finally:
+        if os.path.lexists(temporary):
+            os.unlink(temporary)
 
 
 def main() -> None:
+    # no_log: the host's log gets no copy of the files' contents (pip.conf may hold an index's credentials).
     module = AnsibleModule(
-        argument_spec={"files": {"type": "list", "elements": "dict", "required": True}}, supports_check_mode=True
+        argument_spec={"files": {"type": "list", "elements": "dict", "required": True}},
+        supports_check_mode=True,
+        no_log=True,
     )
     # The action sends only the files that differ, each with its content (a controller file's too)
     # or its link, in order; items with validate go through ansible.builtin.copy instead.
     files = module.params["files"]
-    if not module.check_mode:
-        for item in files:
-            try:
-                make_folders(module, os.path.dirname(item["dest"]))
-                (write_link if "link" in item else write_file)(module, item)
-            except OSError as error:
-                module.fail_json(msg=f"{item['dest']}: {error.strerror or error}", files={})
+    written = {}
+    for item in [] if module.check_mode else files:
+        try:
+            make_folders(os.path.dirname(item["dest"]))
+            (write_link if "link" in item else write_file)(module, item)
+        except Exception as error:
+            # Every failure (atomic_move's and the lookups' too) names the file and what was written before it.
+            message = error.strerror if isinstance(error, OSError) and error.strerror else error
+            module.fail_json(msg=f"{item['dest']}: {message}", changed=bool(written), files=written)
+        written[item["dest"]] = {"changed": True}
     module.exit_json(changed=bool(files), files={item["dest"]: {"changed": True} for item in files})
 
 

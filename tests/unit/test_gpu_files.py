@@ -57,6 +57,9 @@ def test_bad_arguments_are_named_each():
     assert gpu_files.item_errors("a string") == [
         "files must be a list of {dest, content or src or link, mode, owner, group, validate}"
     ]
+    assert gpu_files.item_errors([ITEM | {"mode": "u=rw"}]) == [
+        "/etc/profile.d/gpu-env.sh: mode must be a quoted octal string such as '0644'"
+    ]
     assert gpu_files.item_errors([ITEM]) == []
     # A link needs no mode, and takes no content besides.
     assert gpu_files.item_errors([LINK]) == []
@@ -246,7 +249,7 @@ def test_the_module_replaces_a_file_or_a_link_in_place_in_the_given_order(tmp_pa
 def test_the_module_will_not_put_a_link_over_a_folder_and_names_it(tmp_path, capsys):
     (tmp_path / "cuda").mkdir()
     code, result = run_module(capsys, [{"dest": str(tmp_path / "cuda"), "link": "cuda-11.8"}])
-    assert code == 1 and result["msg"].startswith(f"{tmp_path / 'cuda'} is a folder")
+    assert code == 1 and result["msg"].startswith(f"{tmp_path / 'cuda'}: it is a folder")
     assert (tmp_path / "cuda").is_dir() and not (tmp_path / "cuda").is_symlink()
 
 
@@ -254,3 +257,26 @@ def test_the_module_in_check_mode_writes_nothing(tmp_path, capsys):
     dest = tmp_path / "new" / "file"
     code, result = run_module(capsys, [{"dest": str(dest), "content": "x", "mode": "0644"}], _ansible_check_mode=True)
     assert code == 0 and result["changed"] and not (tmp_path / "new").exists()
+
+
+def test_an_owner_the_host_lacks_stops_before_the_file_is_written_and_names_it(tmp_path, capsys):
+    (tmp_path / "pip.conf").write_text("old\n")
+    files = [
+        {"dest": str(tmp_path / "env"), "content": "A=1\n", "mode": "0644"},
+        {"dest": str(tmp_path / "pip.conf"), "content": "[global]\n", "mode": "0600", "owner": "nosuchuser"},
+    ]
+    code, result = run_module(capsys, files)
+    assert code == 1 and result["msg"] == f"{tmp_path / 'pip.conf'}: no user 'nosuchuser' or group 'root' on the host"
+    # The file before it was written and is reported; the failing one is untouched, no temporary is left.
+    assert result["changed"] and result["files"] == {str(tmp_path / "env"): {"changed": True}}
+    assert (tmp_path / "pip.conf").read_text() == "old\n"
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["env", "pip.conf"]
+
+
+def test_a_replaced_file_keeps_no_old_attributes_and_a_bad_mode_is_named(tmp_path, capsys):
+    (tmp_path / "pip.conf").write_text("old\n")
+    os.chmod(tmp_path / "pip.conf", 0o666)
+    code, _result = run_module(capsys, [{"dest": str(tmp_path / "pip.conf"), "content": "new\n", "mode": "0600"}])
+    assert code == 0 and stat.S_IMODE((tmp_path / "pip.conf").stat().st_mode) == 0o600
+    code, result = run_module(capsys, [{"dest": str(tmp_path / "x"), "content": "", "mode": "u=rw"}])
+    assert code == 1 and "mode 'u=rw' is not an octal mode" in result["msg"] and not (tmp_path / "x").exists()

@@ -320,6 +320,17 @@ def test_a_cuda_pin_the_driver_cannot_run_points_back_at_the_built_cuda_not_olde
     )
 
 
+def test_the_built_cuda_is_suggested_only_where_the_release_it_resolves_to_runs_on_the_driver():
+    # TensorFlow 2.15 was built with CUDA 12.2; the manifest's 12.2 is 12.2.2, which needs 535.104.05.
+    manifest = _manifest(**CUDNN_89)
+    messages = resolve({"name": "a", "tensorflow": "2.15", "cuda": "12.5"}, driver="535.104.05", manifest=manifest)
+    assert messages["messages"][-1].endswith(
+        "or pin CUDA 12.2, which TensorFlow 2.15 was built with and driver 535.104.05 runs."
+    )
+    older = resolve({"name": "a", "tensorflow": "2.15", "cuda": "12.5"}, driver="535.86.05", manifest=manifest)
+    assert older["messages"][-1].endswith("Raise nvidia_driver_version to >= 555.42.06 or pin TensorFlow 2.4-2.14.")
+
+
 def test_cuda_other_minor_warns_only():
     manifest = _manifest(
         **{
