@@ -181,6 +181,12 @@ CASES = [
         {"gpu_preflight_skip_checks": ["dsk"]},
         ("gpu_preflight_skip_checks names an unknown check 'dsk'", "Use the names"),
     ),
+    # A string, as -e gpu_preflight_skip_checks=... gives it: one name per comma, not one per letter.
+    Case(
+        "skip_checks_string_misspelt",
+        {"gpu_preflight_skip_checks": "disk,nuveau"},
+        ("gpu_preflight_skip_checks names an unknown check 'nuveau' (did you mean 'nouveau'?)", "Use the names"),
+    ),
     Case(
         "driver_not_in_manifest",
         {"nvidia_driver_version": "535.104.05"},
