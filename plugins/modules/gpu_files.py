@@ -219,7 +219,7 @@ def main() -> None:
             make_folders(os.path.dirname(item["dest"]))
             (write_link if "link" in item else write_file)(module, item)
         except Exception as error:
-            # Every failure (atomic_move's and the lookups' too) names the file and what was written before it.
+            # Every failure (a rename's, a lookup's, a bad mode's) names the file and what was written before it.
             message = error.strerror if isinstance(error, OSError) and error.strerror else error
             module.fail_json(msg=f"{item['dest']}: {message}", changed=bool(written), files=written)
         written[item["dest"]] = {"changed": True}
