@@ -1,7 +1,8 @@
 # make demo   - the main job end to end on the built-in sandbox host
-# make test   - lint, unit tests, ansible-test sanity, Molecule default (check -> converge ->
-#               idempotence -> verify) and preflight, artifacts, faults, fleet, driver_package and
-#               multi_stack scenarios, bad-input, interrupted, air-gap and report runs
+# make check  - lint, unit tests, ansible-test sanity (the inner loop, a few minutes)
+# make test   - all of it (what CI runs): the check tier, the Molecule scenarios and the integration
+#               tests, two parts at a time by tools/test_suite.py from tests/parts.yml, ending with a
+#               table of each part's wall time
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 VENV := .venv
@@ -14,22 +15,23 @@ STANDINS := build/standins
 PYTEST_UNIT := tests/unit
 EE_TAG ?= gpu-fleet-tf-hosts-ee:0.18.0
 
-.PHONY: help deps venv image standins sandbox demo demo-clean lint unit sanity molecule integration test bench locks ee-context ee clean
+.PHONY: help deps venv image standins sandbox demo demo-clean check lint unit sanity molecule integration test bench locks ee-context ee clean
 
 help:
 	@echo "make demo        provision and verify the sandbox host, print the fleet report"
 	@echo "make demo-clean  remove the sandbox container"
-	@echo "make test        everything below, in order"
+	@echo "make check       lint, unit and sanity, with a table of their times (the inner loop)"
+	@echo "make test        everything (what CI runs), two parts at a time, with a table of each part's time"
 	@echo "make lint        yamllint, ansible-lint (production), ruff"
 	@echo "make unit        pytest tests/unit"
 	@echo "make sanity      ansible-test sanity on the built and installed collection"
-	@echo "make molecule    Molecule scenarios default, preflight, artifacts, faults, fleet, driver_package, multi_stack"
-	@echo "make integration collection install, bad-input suite, interrupted runs, reports, air-gap, HTML"
+	@echo "make molecule    the Molecule scenarios alone (tests/parts.yml), one after another"
+	@echo "make integration the integration tests alone (collection, bad input, interrupted, reports, air-gap, ...)"
 	@echo "make bench       timings on fresh sandbox hosts against the fleet targets (minutes; by hand)"
 	@echo "make locks       the venvs' dependency locks in data/locks/ from data/locks/targets.yml (uv, PyPI)"
 	@echo "make ee-context  the execution environment's build context (ansible-builder create)"
 	@echo "make ee          the AWX/Automation Platform execution environment image (needs podman)"
-	@echo "make clean       remove build outputs, reports and Ansible's local state"
+	@echo "make clean       remove build outputs, reports, Ansible's local state and the test hosts' snapshots"
 	@echo "Building blocks (the targets above run them as needed):"
 	@echo "make deps        apt packages: podman, runc, debootstrap, makeself, gcc, xz-utils, chromium, python3-venv"
 	@echo "make venv        the controller's Python venv .venv with requirements.txt"
@@ -80,19 +82,19 @@ unit: venv standins
 sanity: venv
 	tools/sanity.sh
 
+SUITE := $(BIN)/python tools/test_suite.py
+
 molecule: venv standins image
-	$(BIN)/molecule test -s default
-	$(BIN)/molecule test -s preflight
-	$(BIN)/molecule test -s artifacts
-	$(BIN)/molecule test -s faults
-	$(BIN)/molecule test -s fleet
-	$(BIN)/molecule test -s driver_package
-	$(BIN)/molecule test -s multi_stack
+	$(SUITE) --jobs 1 --only 'molecule:*'
 
 integration: venv standins image
-	$(BIN)/pytest -q --durations=0 tests/integration
+	$(SUITE) --only 'integration:*'
 
-test: lint unit sanity molecule integration
+check: venv standins
+	$(SUITE) --tier check
+
+test: venv standins image
+	$(SUITE) --tier test
 
 # Not part of `make test`: fresh containers, first provisioning on 1 and 4 hosts (many minutes).
 # BENCH_ARGS=--quick for 1 host only; --keep leaves the containers.
@@ -114,4 +116,5 @@ ee: ee-context
 	$(BIN)/ansible-builder build -f execution-environment.yml -c build/ee/context -t $(EE_TAG)
 
 clean:
+	-$(BIN)/python tests/snapshots.py clean
 	rm -rf build reports .ansible

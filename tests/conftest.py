@@ -1,19 +1,18 @@
-"""Shared pytest fixtures: the NVIDIA stand-ins (tests/fixtures/nvidia/README.md)."""
+"""Shared pytest fixtures: the NVIDIA stand-ins (tests/fixtures/nvidia/README.md). Helpers that tests
+import by name are in tests/helpers.py, tests/sandbox_hosts.py and tests/ansible_run.py."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-NVIDIA_FIXTURES = ROOT / "tests" / "fixtures" / "nvidia"
+# Tests import the shared helpers by module name (pytest runs them with --import-mode=importlib).
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from helpers import NVIDIA_FIXTURES, ROOT, NvidiaSmiStandin, load_builder
 
 # Tests import the host scripts from files/verify; bytecode written there would be pushed to the
 # hosts with the scripts by gpu_verify's copy and show up as a change.
@@ -24,19 +23,6 @@ sys.dont_write_bytecode = True
 # loads them.
 if str(ROOT / "collections") not in sys.path:
     sys.path.insert(0, str(ROOT / "collections"))
-
-
-def load_builder() -> ModuleType:
-    """Import tests/fixtures/nvidia/build_standins.py as a module."""
-    name = "build_standins"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, NVIDIA_FIXTURES / "build_standins.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="session")
@@ -60,36 +46,6 @@ def standins_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     except builder.BuildError as exc:
         pytest.skip(f"cannot build the NVIDIA stand-ins: {exc}")
     return out
-
-
-@dataclass
-class NvidiaSmiStandin:
-    """The nvidia-smi stand-in script and a way to point it at a GPU description."""
-
-    path: Path
-    gpus_dir: Path
-
-    def env(self, description: str | Path | None) -> dict[str, str]:
-        """Environment for a run: description is a file name in gpus_dir, a path, or None (no GPU)."""
-        env = dict(os.environ)
-        if description is None:
-            env["NVIDIA_STANDIN_GPUS"] = str(self.gpus_dir / "does-not-exist.json")
-        else:
-            path = Path(description)
-            env["NVIDIA_STANDIN_GPUS"] = str(path if path.is_absolute() else self.gpus_dir / path)
-        return env
-
-    def run(
-        self, *args: str, description: str | Path | None = "2xA100-SXM4-80GB.json"
-    ) -> subprocess.CompletedProcess[str]:
-        """Run ``nvidia-smi <args>`` against description; returns the completed process (text)."""
-        return subprocess.run(
-            [sys.executable, str(self.path), *args],
-            env=self.env(description),
-            capture_output=True,
-            text=True,
-            check=False,
-        )
 
 
 @pytest.fixture(scope="session")

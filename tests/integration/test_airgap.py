@@ -14,7 +14,7 @@ import subprocess
 
 from ansible_collections.gpu_fleet.tf_hosts.plugins.module_utils.gpu_lock import normalize_name, parse_lock
 from ansible_run import latest_report
-from conftest import ROOT, site
+from sandbox_hosts import ROOT, site
 
 DEAD_INDEX = "http://127.0.0.1:9/simple"
 LOCK = ROOT / "data" / "locks" / "tensorflow-cpu-2.12.1-py3.11.txt"

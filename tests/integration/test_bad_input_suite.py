@@ -2,13 +2,14 @@
 
 Every case is an inventory host of its own with one bad input. All of them point at the same fresh
 sandbox container (``ansible_host``), except the cases that need a host of another kind (an
-unsupported OS). One more container is a healthy host with the sandbox's own settings, provisioned
-in the same run. Each case must:
+unsupported OS). One more container is a healthy host with the sandbox's own settings, started from
+the ``converged`` snapshot (tests/snapshots.py: a fresh converge is Molecule default's and the
+snapshot build's), run through every play of the same run and verified. Each case must:
 
 1. fail in the first play (preflight), before any change: a listing of /usr/local, /opt and /etc
    of its container, taken before the run, is unchanged after it;
 2. say the cause and the fix (the case's expected phrases, all of them);
-3. leave the other hosts alone: the healthy host converges and verifies in the same run.
+3. leave the other hosts alone: the healthy host passes every play and verifies in the same run.
 
 The module prints a table of cases and results. Cases that need state on the host (a folder that
 is not a venv, a small tmpfs, a non-root user) set it up before the listing is taken.
@@ -27,7 +28,7 @@ from pathlib import Path
 import pytest
 import yaml
 from ansible_run import latest_report
-from conftest import ROOT, STANDINS, site, start_container, stop_container
+from sandbox_hosts import ROOT, STANDINS, site, start_container, start_converged, stop_container
 
 TF = {"name": "tf2.12", "tensorflow": "2.12", "cuda": "11.8", "cudnn": "8.6", "package": "tensorflow-cpu"}
 PREFLIGHT_PLAY = "Check the pinned stacks, the hosts and the artifacts before any change"
@@ -379,7 +380,7 @@ def suite_run(tmp_path_factory):
     containers = {
         "main": start_container("gpu-badsuite", f"--tmpfs={SMALL_TMPFS}:rw,exec,size=4k"),
         "os": start_container("gpu-badsuite-os"),
-        "healthy": start_container("gpu-badsuite-ok"),
+        "healthy": start_converged("gpu-badsuite-ok"),
     }
     try:
         for kind in ("main", "os"):

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 from ansible_run import latest_report
-from conftest import ROOT, STANDINS, sandbox_inventory, site, start_container, stop_container
+from sandbox_hosts import ROOT, STANDINS, sandbox_inventory, site, start_container, stop_container
 
 FQCN = "gpu_fleet.tf_hosts"
 BIN = Path(sys.executable).parent

@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import ROOT, STANDINS, site
+from sandbox_hosts import ROOT, STANDINS, site
 
 LEGACY = "cudnn-11.8-linux-x64-v8.6.0.163.tgz"
 CURRENT = "cudnn-linux-x86_64-8.6.0.163_cuda11-archive.tar.xz"

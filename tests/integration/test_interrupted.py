@@ -48,7 +48,7 @@ from pathlib import Path
 
 import pytest
 from ansible_run import ANSIBLE_PLAYBOOK, latest_report
-from conftest import ROOT
+from sandbox_hosts import ROOT
 
 pytestmark = pytest.mark.integration
 

@@ -13,7 +13,7 @@ import os
 import uuid
 
 from ansible_run import latest_report
-from conftest import site
+from sandbox_hosts import site
 
 SEEN = "2026-01-01T00:00:00Z"
 OLD_RUN = "20260101T000000Z"

@@ -6,8 +6,8 @@ import shutil
 import subprocess
 import sys
 
-from conftest import ROOT
 from PIL import Image
+from sandbox_hosts import ROOT
 
 sys.path.insert(0, str(ROOT / "roles/gpu_verify/files"))
 

@@ -17,7 +17,7 @@ import sys
 import uuid
 
 from ansible_run import latest_report
-from conftest import ROOT, STANDINS, site
+from sandbox_hosts import ROOT, STANDINS, site
 
 sys.path.insert(0, str(ROOT / "tests/fixtures/mirror"))
 

@@ -7,7 +7,7 @@ import json
 import uuid
 
 from ansible_run import latest_report
-from conftest import site
+from sandbox_hosts import site
 
 
 def test_missing_container_is_reported_with_ansibles_message(fresh_host, tmp_path):

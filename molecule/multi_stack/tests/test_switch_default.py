@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "tests"))
 
 from ansible_run import latest_report, run_playbook
-from conftest import load_builder
+from helpers import load_builder
 
 HOST = "molecule-gpu-multi_stack"
 OLD, NEW = "tf2.12", "tf2.18"

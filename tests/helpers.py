@@ -1,0 +1,77 @@
+"""Helpers the tests share (imported by name: a test never imports ``conftest``, which pytest loads
+once per folder): the project root, the NVIDIA stand-in builder and the nvidia-smi stand-in."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+NVIDIA_FIXTURES = ROOT / "tests" / "fixtures" / "nvidia"
+
+
+def load_builder() -> ModuleType:
+    """Import tests/fixtures/nvidia/build_standins.py as a module."""
+    name = "build_standins"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, NVIDIA_FIXTURES / "build_standins.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@dataclass
+class NvidiaSmiStandin:
+    """The nvidia-smi stand-in script and a way to point it at a GPU description."""
+
+    path: Path
+    gpus_dir: Path
+
+    def env(self, description: str | Path | None) -> dict[str, str]:
+        """Environment for a run: description is a file name in gpus_dir, a path, or None (no GPU)."""
+        env = dict(os.environ)
+        if description is None:
+            env["NVIDIA_STANDIN_GPUS"] = str(self.gpus_dir / "does-not-exist.json")
+        else:
+            path = Path(description)
+            env["NVIDIA_STANDIN_GPUS"] = str(path if path.is_absolute() else self.gpus_dir / path)
+        return env
+
+    def run(
+        self, *args: str, description: str | Path | None = "2xA100-SXM4-80GB.json"
+    ) -> subprocess.CompletedProcess[str]:
+        """Run ``nvidia-smi <args>`` against description; returns the completed process (text)."""
+        return subprocess.run(
+            [sys.executable, str(self.path), *args],
+            env=self.env(description),
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+
+
+def tf_python() -> str:
+    """The interpreter from GPU_VERIFY_TF_PYTHON, or skip when it is unset or lacks tensorflow."""
+    python = os.environ.get("GPU_VERIFY_TF_PYTHON")
+    if not python:
+        pytest.skip("set GPU_VERIFY_TF_PYTHON to a python that has tensorflow to run the real fit")
+    probe = subprocess.run(
+        [python, "-c", "import tensorflow"],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+    )
+    if probe.returncode != 0:
+        pytest.skip(f"{python} cannot import tensorflow: {probe.stderr.strip()[-200:]}")
+    return python

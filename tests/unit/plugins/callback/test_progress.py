@@ -1,0 +1,93 @@
+"""The callback plugin progress: at each poll of an async task, the host, the task and how long it has run."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[4]
+sys.path.insert(0, str(ROOT / "plugins" / "callback"))
+
+import progress
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(0, "0 s"), (59.9, "59 s"), (60, "1 min 00 s"), (150, "2 min 30 s"), (3599, "59 min 59 s"), (3900, "1 h 05 min")],
+)
+def test_elapsed_reads_as_a_person_would_say_it(seconds, text) -> None:
+    assert progress.elapsed(seconds) == text
+
+
+def _host(name: str) -> SimpleNamespace:
+    return SimpleNamespace(get_name=lambda: name)
+
+
+def test_each_poll_names_the_host_the_task_that_started_there_and_its_time() -> None:
+    now = [100.0]
+    callback = progress.CallbackModule(clock=lambda: now[0])
+    shown: list[str] = []
+    callback._display = SimpleNamespace(display=shown.append)
+    callback.v2_runner_on_start(_host("gpu1"), SimpleNamespace(get_name=lambda: "Run NVIDIA's CUDA installer for 12.2"))
+    now[0] = 130.0
+    callback.v2_runner_on_start(_host("gpu2"), SimpleNamespace(get_name=lambda: "Install TensorFlow 2.18"))
+    now[0] = 250.0
+    poll = SimpleNamespace(host=_host("gpu1"), task_name="async_status")  # a poll's own task is Ansible's
+    callback.v2_runner_on_async_poll(poll)
+    callback.v2_runner_on_async_poll(SimpleNamespace(host=_host("gpu2"), task_name="async_status"))
+    callback.v2_runner_on_async_poll(SimpleNamespace(host=_host("gpu3"), task_name="async_status"))
+    assert shown == [
+        "gpu1: Run NVIDIA's CUDA installer for 12.2: still running after 2 min 30 s",
+        "gpu2: Install TensorFlow 2.18: still running after 2 min 00 s",
+        "gpu3: async_status: still running",
+    ]
+
+
+def test_a_real_polled_task_prints_its_progress(tmp_path) -> None:
+    """ansible-playbook with the project's ansible.cfg: a 5 s command polled every second."""
+    playbook = tmp_path / "slow.yml"
+    playbook.write_text(
+        textwrap.dedent(
+            """\
+            - hosts: localhost
+              gather_facts: false
+              tasks:
+                - name: Sleep a little
+                  ansible.builtin.command: sleep 5
+                  async: 30
+                  poll: 1
+                  changed_when: false
+            """
+        )
+    )
+    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_FORCE_COLOR="0")
+    bin_dir = Path(sys.executable).parent
+    out = subprocess.run(
+        [
+            str(bin_dir / "ansible-playbook"),
+            "-i",
+            "localhost,",
+            "-c",
+            "local",
+            "-e",
+            f"ansible_python_interpreter={sys.executable}",
+            str(playbook),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = [line for line in out.stdout.splitlines() if ": still running after " in line]
+    assert lines and all(line.startswith("localhost: Sleep a little: still running after ") for line in lines), (
+        out.stdout
+    )
+    assert lines[-1].endswith(("3 s", "4 s", "5 s")), lines

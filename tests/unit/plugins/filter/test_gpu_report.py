@@ -1,0 +1,131 @@
+"""Filters that turn gpu_verify.py runs into the fleet report's input."""
+
+from __future__ import annotations
+
+import json
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[4]
+sys.path.insert(0, str(ROOT / "plugins" / "filter"))
+sys.path.insert(0, str(ROOT / "roles" / "gpu_verify" / "files"))
+
+import fleet_report
+import gpu_report
+
+
+def test_result_is_the_printed_document():
+    doc = {"ok": True, "problems": [], "stack": "tf2.12"}
+    assert gpu_report.gpu_verify_result({"stdout": json.dumps(doc), "rc": 0}) == doc
+
+
+def test_result_without_json_names_rc_and_stderr():
+    doc = gpu_report.gpu_verify_result(
+        {"stdout": "", "stderr": "x\ny\nNo such file: /opt/tensorflow/2.12/bin/python", "rc": 2}
+    )
+    assert doc["ok"] is False
+    assert doc["problems"][0]["cause"] == (
+        "gpu_verify.py exited with rc 2 and printed no report: x y No such file: /opt/tensorflow/2.12/bin/python"
+    )
+
+
+def test_collect_lists_every_host_with_stacks_and_overrides():
+    hostvars = {
+        "a": {
+            "gpu_verify_results": {"tf2.12": {"ok": True}, "tf2.15": {"ok": False}},
+            "gpu_preflight_overridden": [{"check": "noexec", "cause": "c", "fix": "f"}],
+        },
+        "b": {},
+    }
+    report = gpu_report.gpu_verify_collect(["a", "b"], hostvars, ["a"])
+    assert [d["ok"] for d in report["a"]] == [True, False]
+    assert report["a"][0]["preflight_overridden"][0]["check"] == "noexec"
+    assert report["b"] == {"ok": False, "unreachable": True, "error": None, "failed": None, "connection": "ssh"}
+
+
+def test_collect_carries_the_drivers_reboot_facts():
+    hostvars = {
+        "a": {
+            "gpu_verify_results": {"tf2.12": {"ok": True}},
+            "nvidia_driver_reboot_required": True,
+            "nvidia_driver_loaded_version": "520.61.05",
+        },
+        "b": {"gpu_verify_results": {"tf2.12": {"ok": True}}},
+    }
+    report = gpu_report.gpu_verify_collect(["a", "b"], hostvars, ["a", "b"])
+    assert (report["a"][0]["driver_reboot_required"], report["a"][0]["driver_loaded_version"]) == (True, "520.61.05")
+    assert (report["b"][0]["driver_reboot_required"], report["b"][0]["driver_loaded_version"]) == (False, None)
+
+
+def test_collect_passes_the_connection_and_ansibles_message_of_a_host_that_left_the_play():
+    hostvars = {
+        "c1": {"ansible_connection": "containers.podman.podman"},
+        "c2": {"ansible_connection": "ssh", "gpu_verify_unreachable_reason": "ssh: connect to host c2: timed out"},
+        "up": {},
+    }
+    report = gpu_report.gpu_verify_collect(["c1", "c2", "up"], hostvars, ["up"])
+    assert (report["c1"]["connection"], report["c1"]["error"]) == ("containers.podman.podman", None)
+    assert (report["c2"]["connection"], report["c2"]["error"]) == ("ssh", "ssh: connect to host c2: timed out")
+    assert report["c1"]["failed"] is None
+
+
+def test_collect_passes_the_failed_task_of_a_host_that_left_the_play():
+    hostvars = {"f": {"gpu_verify_failed_reason": "task 'Install the driver': exit status 1"}, "up": {}}
+    report = gpu_report.gpu_verify_collect(["f", "up"], hostvars, ["up"])
+    assert (report["f"]["failed"], report["f"]["error"]) == ("task 'Install the driver': exit status 1", None)
+    (found,) = fleet_report.build_report(report, None)["hosts"]["f"]["problems"]
+    assert found["cause"] == "Host failed before verification, at task 'Install the driver': exit status 1"
+    assert "SSH" not in found["fix"]
+    # still in the play but without results: its verification did not run; not called unreachable
+    assert report["up"]["unreachable"] is False and report["up"]["problems"][0]["check"] == "run"
+    assert report["up"]["problems"][0]["cause"].startswith("The verification did not run on this host")
+
+
+def test_collected_podman_host_gets_the_container_fix_and_one_failed_junit_case():
+    hostvars = {"gpu-f3": {"ansible_connection": "containers.podman.podman"}, "gpu-f4": {}}
+    report = fleet_report.build_report(gpu_report.gpu_verify_collect(["gpu-f3", "gpu-f4"], hostvars, []), None)
+    (podman,) = report["hosts"]["gpu-f3"]["problems"]
+    assert podman["cause"] == "Host unreachable or failed earlier in this run (see the run's output above)."
+    assert "`podman ps -a --filter name=gpu-f3`" in podman["fix"] and "SSH" not in podman["fix"]
+    assert "SSH reachability and keys" in report["hosts"]["gpu-f4"]["problems"][0]["fix"]
+    suite = ET.fromstring(fleet_report.format_junit(report))
+    assert [(c.get("classname"), c.get("name")) for c in suite.findall("testcase")] == [
+        ("gpu-f3", "verification"),
+        ("gpu-f4", "verification"),
+    ]
+    assert all(c.find("failure") is not None for c in suite.findall("testcase"))
+    assert (suite.get("tests"), suite.get("failures")) == ("2", "2")
+
+
+def test_missing_venv_names_it_and_the_playbook_to_run():
+    run = {"skipped": True, "item": {"name": "tf2.12", "venv": "/opt/tensorflow/2.12"}}
+    doc = gpu_report.gpu_verify_result(run, "/opt/gpu-verify")
+    assert doc["ok"] is False and doc["stack"] == "tf2.12"
+    assert doc["problems"][0]["cause"] == "The venv /opt/tensorflow/2.12 of stack tf2.12 does not exist on the host."
+    assert doc["problems"][0]["fix"].startswith("Run playbooks/tensorflow.yml (or site.yml) first; then verify by hand")
+
+
+def test_du_bytes_parses_du_output():
+    lines = ["5368709120\t/usr/local/cuda-11.8", "1717986918\t/opt/tensorflow/2.12", "du: cannot access 'x'"]
+    assert gpu_report.gpu_du_bytes(lines) == {"/usr/local/cuda-11.8": 5368709120, "/opt/tensorflow/2.12": 1717986918}
+
+
+def test_collect_carries_the_default_switch():
+    switch = {"from": "tf2.12", "to": "tf2.18", "switched": False, "default": "tf2.12"}
+    hostvars = {
+        "a": {"gpu_verify_results": {"tf2.12": {"ok": True}}, "gpu_verify_default_switch": switch},
+        "b": {"gpu_verify_results": {"tf2.12": {"ok": True}}},
+    }
+    report = gpu_report.gpu_verify_collect(["a", "b"], hostvars, ["a", "b"])
+    assert (report["a"][0]["default_switch"], report["b"][0]["default_switch"]) == (switch, None)
+
+
+def test_held_back_stacks_become_failed_results_that_name_the_artifact():
+    held = gpu_report.gpu_verify_held_back([{"name": "tf2.18", "cause": "cudnn.tar.xz has sha256 aa, not bb."}])
+    assert list(held) == ["tf2.18"] and held["tf2.18"]["ok"] is False
+    problem = held["tf2.18"]["problems"][0]
+    assert problem["check"] == "artifacts"
+    assert problem["cause"].startswith("Held back: nothing of stack tf2.18 was installed or changed in this run.")
+    assert problem["cause"].endswith("cudnn.tar.xz has sha256 aa, not bb.")
+    assert gpu_report.gpu_verify_held_back([]) == {}

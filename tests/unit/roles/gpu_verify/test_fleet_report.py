@@ -1,0 +1,788 @@
+"""fleet_report.py: report files, table columns, failing and unreachable hosts."""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import html
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[4] / "roles" / "gpu_verify" / "files" / "fleet_report.py"
+sys.path.insert(0, str(SCRIPT.parent))
+
+import fleet_report
+import report_history
+
+HEADERS = [
+    "host",
+    "status",
+    "driver",
+    "CUDA",
+    "cuDNN",
+    "TensorFlow",
+    "GPUs (exp/seen)",
+    "replicas",
+    "workers",
+    "loss start→end",
+    "fit s",
+    "samples/s",
+    "scaling eff.",
+    "disk GiB",
+    "lock sha256",
+    "mode",
+    "problems",
+    "not run",
+]
+
+
+def passing_doc() -> dict[str, Any]:
+    return {
+        "schema": 1,
+        "host": "gpu01",
+        "stack": "tf2.12",
+        "ok": True,
+        "mode": "gpu",
+        "mode_note": None,
+        "driver_version": "520.61.05",
+        "gpus": {
+            "expected": 2,
+            "seen": 2,
+            "missing": 0,
+            "driver_version": "520.61.05",
+            "ok": True,
+        },
+        "libraries": {
+            "libcuda": {"version": "11.8", "ok": True},
+            "libcudart": {
+                "version": "11.8",
+                "path": "/usr/local/cuda-11.8/lib64/libcudart.so.11.8.89",
+                "ok": True,
+            },
+            "libcudnn": {
+                "version": "8.6.0",
+                "path": "/usr/local/cuda-11.8/lib64/libcudnn.so.8.6.0",
+                "ok": True,
+            },
+        },
+        "tensorflow": {"version": "2.12.1", "is_cuda_build": True, "gpus": 2},
+        "disk_used_bytes": {"/usr/local/cuda-11.8": 5 * 1024**3, "/opt/tensorflow/2.12": 1024**3 + 512 * 1024**2},
+        "fit": {
+            "ok": True,
+            "num_replicas_in_sync": 2,
+            "loss_start": 2.4028,
+            "loss_end": 0.5953,
+            "fit_seconds": 3.214,
+            "samples_per_second": 1234.56,
+            "timed_out": False,
+        },
+        "problems": [],
+        # pins differ from what is loaded on purpose: the report must show the loaded versions
+        "expected": {
+            "gpus": 2,
+            "driver": "999.1",
+            "cuda": "99.9",
+            "cudnn": "9.9.9",
+            "tensorflow": "9.9.9",
+        },
+        "seconds": 12.3,
+    }
+
+
+def failing_doc() -> dict[str, Any]:
+    doc = passing_doc()
+    doc.update(ok=False, host="gpu02")
+    doc["gpus"].update(seen=1, missing=1, ok=False)
+    doc["libraries"]["libcudnn"]["version"] = "8.1.1"
+    doc["fit"].update(ok=False, num_replicas_in_sync=1)
+    doc["problems"] = [
+        {
+            "check": "gpu_count",
+            "cause": "Expected 2 GPUs, nvidia-smi sees 1 (1 missing).",
+            "fix": "reseat it",
+        },
+        {
+            "check": "libcudnn",
+            "cause": "cuDNN libcudnn.so.8 at /usr/lib/x | y is 8.1.1, the stack pins 8.6.0.",
+            "fix": "reorder",
+        },
+    ]
+    return doc
+
+
+def cpu_doc() -> dict[str, Any]:
+    doc = passing_doc()
+    doc.update(
+        mode="cpu-replicas",
+        mode_note="fit ran on 2 logical CPU devices (--cpu-replicas 2), not on GPUs",
+    )
+    return doc
+
+
+RESULTS = {
+    "gpu01": passing_doc(),
+    "gpu02": failing_doc(),
+    "gpu03": {
+        "unreachable": True,
+        "error": "ssh: connect to host gpu03 port 22: No route to host",
+    },
+    "gpu04": {
+        "ok": False,
+        "problems": [{"check": "fit", "cause": "fit.py not found", "fix": "rerun the role"}],
+    },
+    "sandbox": cpu_doc(),
+}
+
+
+def test_rows_show_loaded_versions_and_columns() -> None:
+    report = fleet_report.build_report(
+        RESULTS,
+        "r1",
+        datetime.datetime(2026, 11, 29, 12, 0, tzinfo=datetime.timezone.utc),  # noqa: UP017
+    )
+    row = report["hosts"]["gpu01"]["rows"][0]
+    assert row == {
+        "host": "gpu01 (tf2.12)",
+        "status": "PASS",
+        "driver": "520.61.05",
+        "cuda": "11.8",
+        "cudnn": "8.6.0",
+        "tensorflow": "2.12.1",
+        "gpus": "2/2",
+        "replicas": "2",
+        "workers": "-",
+        "loss": "2.403→0.595",
+        "fit_seconds": "3.21",
+        "samples_per_second": "1234.6",
+        "efficiency": "-",
+        "disk_gib": "6.50",
+        "lock": "-",
+        "mode": "gpu",
+        "problems": "",
+        "not_run": "",
+        "checks": {name: {"status": "pass", "passed": True, "reason": None} for name in fleet_report.CHECKS},
+    }
+    assert list(row["checks"]) == list(fleet_report.CHECKS)
+    assert report["generated_at"] == "2026-11-29T12:00:00Z" and report["run_id"] == "r1"
+    assert report["summary"] == {
+        "hosts": 5,
+        "passed": 2,
+        "failed": 3,
+        "unreachable": 1,
+        "rechecked": 5,
+        "not_in_run": 0,
+    }
+
+
+def test_failing_and_unreachable_hosts() -> None:
+    report = fleet_report.build_report(RESULTS, None)
+    gpu02 = report["hosts"]["gpu02"]
+    assert gpu02["status"] == "FAIL"
+    assert gpu02["rows"][0]["gpus"] == "2/1" and gpu02["rows"][0]["cudnn"] == "8.1.1"
+    assert gpu02["rows"][0]["problems"] == "gpu_count, libcudnn"
+    gpu03 = report["hosts"]["gpu03"]
+    assert gpu03["status"] == "FAIL" and gpu03["unreachable"] is True
+    assert gpu03["rows"][0]["problems"] == "unreachable"
+    assert "No route to host" in gpu03["problems"][0]["cause"]
+    assert report["hosts"]["gpu04"]["problems"][0]["cause"] == "fit.py not found"
+
+
+def test_ok_true_with_problems_or_ok_false_without_is_a_failure() -> None:
+    odd = passing_doc()
+    odd["problems"] = [{"check": "fit", "cause": "c", "fix": "f"}]
+    silent = {"ok": False, "error": "boom"}
+    report = fleet_report.build_report({"a": odd, "b": silent, "c": "garbage"}, None)
+    assert [report["hosts"][h]["status"] for h in "abc"] == ["FAIL"] * 3
+    assert "boom" in report["hosts"]["b"]["problems"][0]["cause"]
+
+
+def test_one_row_per_stack_and_host_fails_if_any_stack_fails() -> None:
+    other = failing_doc()
+    other["stack"] = "tf2.15"
+    report = fleet_report.build_report({"gpu01": [passing_doc(), other]}, None)
+    host = report["hosts"]["gpu01"]
+    assert [r["host"] for r in host["rows"]] == ["gpu01 (tf2.12)", "gpu01 (tf2.15)"]
+    assert host["status"] == "FAIL" and report["summary"]["failed"] == 1
+
+
+def test_text_table(tmp_path: Path) -> None:
+    out = io.StringIO()
+    source = tmp_path / "results.json"
+    source.write_text(json.dumps(RESULTS))
+    assert fleet_report.main(["--input", str(source), "--out-dir", str(tmp_path / "reports")], stdout=out) == 0
+    lines = out.getvalue().splitlines()
+    assert re.split(r"\s{2,}", lines[0].strip()) == HEADERS
+    by_host = {line.split()[0]: line for line in lines[2:7]}
+    assert by_host["gpu01"].split()[2] == "PASS" and by_host["gpu03"].split()[1] == "FAIL"
+    text = out.getvalue()
+    assert "5 hosts: 2 passed, 3 failed (1 unreachable)" in text
+    assert "sandbox: fit ran on 2 logical CPU devices (--cpu-replicas 2), not on GPUs" in text
+    assert "gpu02 (tf2.12) [gpu_count]: Expected 2 GPUs, nvidia-smi sees 1 (1 missing)." in text
+    assert "      fix: reseat it" in text
+
+
+def test_report_files(tmp_path: Path) -> None:
+    source = tmp_path / "results.json"
+    source.write_text(json.dumps(RESULTS))
+    out_dir = tmp_path / "reports"
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--input",
+            str(source),
+            "--out-dir",
+            str(out_dir),
+            "--run-id",
+            "42",
+            "--inventory-source",
+            str(tmp_path / "inventories" / "lab" / "hosts.yml"),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    latest = out_dir / "lab" / "latest"
+    data = json.loads((latest / "fleet-report.json").read_text())
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", data["generated_at"])
+    assert os.readlink(latest) == data["run_folder"] == data["generated_at"].replace("-", "").replace(":", "")
+    assert data["summary"] == {
+        "hosts": 5,
+        "passed": 2,
+        "failed": 3,
+        "unreachable": 1,
+        "rechecked": 5,
+        "not_in_run": 0,
+    }
+    assert data["hosts"]["gpu02"]["results"] == [RESULTS["gpu02"]]
+    md = (latest / "fleet-report.md").read_text()
+    assert md.startswith("# GPU fleet report — run 42")
+    assert "| " + " | ".join(HEADERS) + " |" in md
+    assert (
+        "| gpu01 (tf2.12) | PASS | 520.61.05 | 11.8 | 8.6.0 | 2.12.1 | 2/2 | 2 | - | 2.403→0.595 | 3.21 | 1234.6 | - | 6.50 | - | gpu |  |  |\n"
+        in md
+    )
+    assert "/usr/lib/x \\| y" in md  # a pipe in a cause must not break the table
+    assert "Fix: reseat it" in md and "## Problems" in md
+
+
+def test_stdin_input(tmp_path: Path) -> None:
+    out = io.StringIO()
+    stdin = io.StringIO(json.dumps({"gpu01": passing_doc()}))
+    assert fleet_report.main(["--input", "-", "--out-dir", str(tmp_path)], stdin=stdin, stdout=out) == 0
+    assert (tmp_path / "default" / "latest" / "fleet-report.md").exists()
+    assert "1 host: 1 passed, 0 failed" in out.getvalue()
+
+
+@pytest.mark.parametrize("text", ["not json", "[1, 2]", ""])
+def test_bad_input_exits_2(tmp_path: Path, text: str) -> None:
+    stdin = io.StringIO(text)
+    assert (
+        fleet_report.main(
+            ["--input", "-", "--out-dir", str(tmp_path)],
+            stdin=stdin,
+            stdout=io.StringIO(),
+        )
+        == 2
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_missing_input_file_exits_2(tmp_path: Path) -> None:
+    assert fleet_report.main(["--input", str(tmp_path / "nope.json"), "--out-dir", str(tmp_path)]) == 2
+
+
+def test_input_is_not_modified() -> None:
+    before = copy.deepcopy(RESULTS)
+    fleet_report.build_report(RESULTS, None)
+    assert RESULTS == before
+
+
+def test_a_host_that_needs_a_reboot_says_so():
+    doc = dict(passing_doc(), driver_reboot_required=True, driver_loaded_version="520.61.05")
+    doc["expected"] = dict(doc["expected"], driver="535.104.05")
+    host = fleet_report.build_report({"gpu01": [doc]}, None)["hosts"]["gpu01"]
+    assert host["reboot_required"] is True
+    assert (
+        "reboot required: the loaded NVIDIA kernel module is 520.61.05, the installed driver 535.104.05; "
+        "reboot the host (or rerun with nvidia_driver_reboot_allowed: true)"
+    ) in host["mode_notes"]
+    calm = fleet_report.build_report({"gpu01": [passing_doc()]}, None)["hosts"]["gpu01"]
+    assert calm["reboot_required"] is False and not [n for n in calm["mode_notes"] if "reboot" in n]
+
+
+@pytest.mark.parametrize(
+    ("switched", "note"),
+    [
+        (True, "default stack switched: tf2.12 -> tf2.18 (verified first)"),
+        (
+            False,
+            "default stays tf2.12: the declared default tf2.18 did not pass verification; it becomes the "
+            "default once it does",
+        ),
+    ],
+    ids=["switched", "stays"],
+)
+def test_the_notes_say_what_became_of_a_default_switch(switched, note):
+    doc = dict(passing_doc(), default_switch={"from": "tf2.12", "to": "tf2.18", "switched": switched})
+    notes = fleet_report.build_report({"gpu01": [doc]}, None)["hosts"]["gpu01"]["mode_notes"]
+    assert note in notes
+    calm = fleet_report.build_report({"gpu01": [passing_doc()]}, None)["hosts"]["gpu01"]["mode_notes"]
+    assert not [n for n in calm if "default" in n]
+
+
+def test_overridden_preflight_checks_are_listed_in_the_notes():
+    doc = dict(passing_doc(), preflight_overridden=[{"check": "noexec", "cause": "/tmp is noexec.", "fix": "x"}])
+    report = fleet_report.build_report({"gpu01": [doc]}, None)
+    assert "preflight check noexec overridden: /tmp is noexec." in report["hosts"]["gpu01"]["mode_notes"]
+    assert "preflight check noexec overridden" in fleet_report.format_markdown(report)
+
+
+def _two_host_report() -> dict[str, Any]:
+    failing = dict(
+        passing_doc(), ok=False, problems=[{"check": "libcudnn", "cause": "cuDNN 8.5.0 <b>", "fix": "Pin 8.6"}]
+    )
+    return fleet_report.build_report({"gpu01": [passing_doc()], "gpu02": [failing]}, None)
+
+
+def test_html_is_self_contained_with_a_coloured_row_per_host():
+    page = fleet_report.format_html(_two_host_report())
+    assert page.startswith("<!DOCTYPE html>") and "<script" not in page and "http" not in page
+    assert page.count('<tr class="pass">') == 1 and page.count('<tr class="fail">') == 1
+    assert "cuDNN 8.5.0 &lt;b&gt;" in page and "<b>gpu02" in page
+
+
+def test_junit_has_a_case_per_host_and_check_and_the_failure():
+    suite = ET.fromstring(fleet_report.format_junit(_two_host_report()))
+    cases = suite.findall("testcase")
+    assert len(cases) == 2 * len(fleet_report.CHECKS)
+    failed = [(c.get("classname"), c.get("name")) for c in cases if c.find("failure") is not None]
+    assert failed == [("gpu02 (tf2.12)", "libcudnn")]
+    assert not [c for c in cases if c.find("skipped") is not None]
+    assert (suite.get("tests"), suite.get("failures"), suite.get("errors"), suite.get("skipped")) == (
+        str(len(cases)),
+        "1",
+        "0",
+        "0",
+    )
+
+
+def test_peak_utilisation_per_gpu_in_the_notes():
+    doc = dict(
+        passing_doc(),
+        utilisation={
+            "1": {"utilization_gpu_peak_pct": 95, "memory_used_peak_mib": 30000},
+            "0": {"utilization_gpu_peak_pct": 97, "memory_used_peak_mib": 30512},
+        },
+    )
+    notes = fleet_report.build_report({"gpu01": [doc]}, None)["hosts"]["gpu01"]["mode_notes"]
+    assert "peak per GPU during the fit: GPU 0 97% 30512 MiB, GPU 1 95% 30000 MiB" in notes
+
+
+# --- checks that did not run, hosts without a verification document -------------------------
+
+
+def _fit_not_run_docs() -> list[dict[str, Any]]:
+    """Documents whose fit did not run, otherwise passing (ok true, no problems): the worst case
+    for a report that would count a missing check as passed."""
+    no_section = passing_doc()
+    del no_section["fit"]
+    no_result = passing_doc()
+    no_result["fit"] = {"ok": None, "note": "fit not started"}
+    return [no_section, no_result]
+
+
+FIT_NOT_RUN_REASONS = ["no fit section in the result", "fit not started"]
+
+
+@pytest.mark.parametrize("doc, reason", list(zip(_fit_not_run_docs(), FIT_NOT_RUN_REASONS)))
+def test_fit_not_run_is_null_with_a_reason_in_json(tmp_path: Path, doc: dict[str, Any], reason: str) -> None:
+    source = tmp_path / "results.json"
+    source.write_text(json.dumps({"gpu01": [doc]}))
+    assert fleet_report.main(["--input", str(source), "--out-dir", str(tmp_path)], stdout=io.StringIO()) == 0
+    report = tmp_path / "default" / "latest" / "fleet-report.json"
+    row = json.loads(report.read_text())["hosts"]["gpu01"]["rows"][0]
+    assert row["checks"]["fit"] == {"status": "not run", "passed": None, "reason": reason}
+    assert row["not_run"] == "fit"
+    passed = {name for name, outcome in row["checks"].items() if outcome["passed"] is True}
+    assert passed == set(fleet_report.CHECKS) - {"fit"}
+
+
+@pytest.mark.parametrize("doc, reason", list(zip(_fit_not_run_docs(), FIT_NOT_RUN_REASONS)))
+def test_fit_not_run_is_skipped_in_junit(doc: dict[str, Any], reason: str) -> None:
+    suite = ET.fromstring(fleet_report.format_junit(fleet_report.build_report({"gpu01": [doc]}, None)))
+    fit = [c for c in suite.findall("testcase") if c.get("name") == "fit"]
+    assert len(fit) == 1 and fit[0].find("failure") is None
+    assert fit[0].find("skipped").get("message") == f"not run: {reason}"
+    passed = [c.get("name") for c in suite.findall("testcase") if len(c) == 0]
+    assert "fit" not in passed and len(passed) == len(fleet_report.CHECKS) - 1
+    assert (suite.get("tests"), suite.get("failures"), suite.get("skipped")) == (
+        str(len(fleet_report.CHECKS)),
+        "0",
+        "1",
+    )
+
+
+@pytest.mark.parametrize("doc, reason", list(zip(_fit_not_run_docs(), FIT_NOT_RUN_REASONS)))
+def test_fit_not_run_shows_in_markdown_html_and_text(doc: dict[str, Any], reason: str) -> None:
+    report = fleet_report.build_report({"gpu01": [doc]}, None)
+    md = fleet_report.format_markdown(report)
+    md_row = next(line for line in md.splitlines() if line.startswith("| gpu01 (tf2.12) |"))
+    assert md_row.endswith("| gpu |  | fit |")
+    assert f"- **gpu01 (tf2.12)** `fit`: not run: {reason}" in md.split("## Not run")[1]
+    page = fleet_report.format_html(report)
+    assert '<td class="not_run">fit</td>' in page
+    assert f"<li><b>gpu01 (tf2.12)</b> <code>fit</code>: not run: {html.escape(reason)}</li>" in page
+    text = fleet_report.format_text(report)
+    lines = text.splitlines()
+    header = re.split(r"\s{2,}", lines[0].strip())
+    assert header[-1] == "not run" and lines[2].split()[-1] == "fit"
+    assert f"  gpu01 (tf2.12) [fit]: not run: {reason}" in text.split("Not run:")[1]
+
+
+def _outcomes(doc: Any) -> dict[str, dict[str, Any]]:
+    return fleet_report.build_report({"h": [doc]}, None)["hosts"]["h"]["rows"][0]["checks"]
+
+
+def test_each_check_is_not_run_when_its_section_holds_no_result() -> None:
+    doc = passing_doc()
+    del doc["libraries"]["libcudnn"]
+    doc["tensorflow"] = {"version": None, "error": "TensorFlow information unavailable: the fit stopped"}
+    doc["expected"]["driver"] = None
+    outcomes = _outcomes(doc)
+    assert outcomes["libcudnn"] == {
+        "status": "not run",
+        "passed": None,
+        "reason": "no libraries.libcudnn in the result",
+    }
+    assert outcomes["tensorflow"]["status"] == "not run"
+    assert outcomes["tensorflow"]["reason"] == "TensorFlow information unavailable: the fit stopped"
+    assert outcomes["driver"]["status"] == "not run" and "no driver version pinned" in outcomes["driver"]["reason"]
+    assert [name for name, o in outcomes.items() if o["status"] == "pass"] == [
+        "gpu_count",
+        "libcuda",
+        "libcudart",
+        "fit",
+    ]
+
+
+def test_gpu_count_did_not_run_when_nvidia_smi_gave_no_list() -> None:
+    doc = passing_doc()
+    doc.update(ok=False, driver_version=None)
+    doc["gpus"].update(seen=0, driver_version=None, error="Driver/library version mismatch", ok=False)
+    doc["problems"] = [{"check": "driver", "cause": "Driver/library version mismatch: ...", "fix": "reboot"}]
+    outcomes = _outcomes(doc)
+    assert outcomes["gpu_count"]["status"] == "not run"
+    assert outcomes["gpu_count"]["reason"] == "nvidia-smi gave no GPU list: Driver/library version mismatch"
+    assert outcomes["driver"] == {"status": "fail", "passed": False, "reason": "Driver/library version mismatch: ..."}
+
+
+def test_a_problem_fails_its_check_and_optional_checks_follow_their_sections() -> None:
+    doc = passing_doc()
+    doc["scaling"] = {"ok": None, "note": "measured on logical CPU devices that share the same cores; not judged"}
+    doc["multiworker"] = {"workers": 2, "is_chief": True}
+    doc["fit"].update(ok=False)
+    doc.update(ok=False, problems=[{"check": "fit", "cause": "The fit did not finish within 45 s", "fix": "x"}])
+    outcomes = _outcomes(doc)
+    assert list(outcomes)[-2:] == ["multiworker", "scaling"]
+    assert outcomes["fit"] == {"status": "fail", "passed": False, "reason": "The fit did not finish within 45 s"}
+    assert outcomes["multiworker"]["status"] == "fail"
+    assert outcomes["scaling"]["status"] == "not run" and outcomes["scaling"]["reason"].endswith("not judged")
+    del doc["fit"]
+    doc.update(problems=[{"check": "libraries", "cause": "two CUDA majors", "fix": "x"}])
+    outcomes = _outcomes(doc)
+    assert outcomes["multiworker"] == {"status": "not run", "passed": None, "reason": "no fit section in the result"}
+    assert outcomes["libraries"]["status"] == "fail"
+
+
+@pytest.mark.parametrize("host", ["gpu03", "gpu04", "garbage"])
+def test_a_host_without_a_verification_document_is_one_failed_case(host: str) -> None:
+    results = dict(RESULTS, garbage="not an object")
+    report = fleet_report.build_report(results, None)
+    row = report["hosts"][host]["rows"][0]
+    assert list(row["checks"]) == ["verification"] and row["checks"]["verification"]["passed"] is False
+    assert row["not_run"] == "all"
+    suite = ET.fromstring(fleet_report.format_junit(report))
+    cases = [c for c in suite.findall("testcase") if c.get("classname") == host]
+    assert len(cases) == 1 and cases[0].get("name") == "verification"
+    failure = cases[0].find("failure")
+    assert failure is not None and failure.get("message") == report["hosts"][host]["problems"][0]["cause"]
+    assert "Fix: " in failure.text
+    assert [c for c in cases if c.find("failure") is None] == []
+
+
+def test_unreachable_host_in_junit_has_one_failure_with_the_reason_and_no_pass() -> None:
+    report = fleet_report.build_report({"gpu03": RESULTS["gpu03"]}, None)
+    suite = ET.fromstring(fleet_report.format_junit(report))
+    (case,) = suite.findall("testcase")
+    assert (case.get("classname"), case.get("name")) == ("gpu03", "verification")
+    failure = case.find("failure")
+    assert failure.get("type") == "unreachable"
+    assert failure.get("message") == "Host unreachable: ssh: connect to host gpu03 port 22: No route to host"
+    assert (suite.get("tests"), suite.get("failures"), suite.get("skipped")) == ("1", "1", "0")
+
+
+@pytest.mark.parametrize(
+    "connection, expected",
+    [
+        (None, "check SSH reachability and keys (`ssh gpu03`"),
+        ("ssh", "check SSH reachability and keys (`ssh gpu03`"),
+        ("containers.podman.podman", "check the container is running (`podman ps -a --filter name=gpu03`"),
+        ("podman", "check the container is running (`podman ps -a --filter name=gpu03`"),
+        ("gpu_fleet.tf_hosts.podman_pipelined", "check the container is running (`podman ps -a --filter name=gpu03`"),
+        ("community.docker.docker", "check the container is running (`docker ps -a --filter name=gpu03`"),
+        ("local", "the host is the controller itself (connection local)"),
+        ("winrm", "check that Ansible can connect to gpu03 over its winrm connection (`ansible -m ping gpu03`)"),
+    ],
+)
+def test_unreachable_fix_depends_on_the_connection(connection: str | None, expected: str) -> None:
+    doc = {"unreachable": True, "error": "boom", "connection": connection}
+    (problem,) = fleet_report.build_report({"gpu03": doc}, None)["hosts"]["gpu03"]["problems"]
+    assert problem["fix"].startswith(expected)
+    assert ("SSH" in problem["fix"]) == (connection in (None, "ssh"))
+
+
+def test_unreachable_without_a_message_says_so_instead_of_no_detail() -> None:
+    doc = {"ok": False, "unreachable": True, "error": None, "connection": "containers.podman.podman"}
+    report = fleet_report.build_report({"gpu-f3": doc}, None)
+    (problem,) = report["hosts"]["gpu-f3"]["problems"]
+    assert problem["cause"] == "Host unreachable or failed earlier in this run (see the run's output above)."
+    assert "podman ps -a --filter name=gpu-f3" in problem["fix"] and "SSH" not in problem["fix"]
+    for text in (fleet_report.format_text(report), fleet_report.format_markdown(report)):
+        assert "no detail" not in text and "unreachable or failed earlier in this run" in text
+
+
+def test_notes_name_the_host_once() -> None:
+    other = passing_doc()
+    other["stack"] = "tf2.15"
+    other["libraries"]["libcudart"]["path"] = "/usr/local/cuda-12.2/lib64/libcudart.so.12.2.140"
+    report = fleet_report.build_report(
+        {"gpu-f3": [passing_doc(), other], "gpu01": [dict(passing_doc(), mode_note="on CPUs")]}, None
+    )
+    outputs = [
+        fleet_report.format_text(report),
+        fleet_report.format_markdown(report),
+        fleet_report.format_html(report),
+    ]
+    for text in outputs:
+        assert "gpu-f3: gpu-f3" not in text
+        assert "gpu-f3 (tf2.12): loaded libcudart 11.8 /usr/local/cuda-11.8/lib64/libcudart.so.11.8.89" in text
+        assert "gpu-f3 (tf2.15): loaded libcudart 11.8 /usr/local/cuda-12.2/lib64/libcudart.so.12.2.140" in text
+        assert "gpu01: on CPUs" in text and "gpu01: loaded libcudart 11.8" in text
+
+
+# --- history: run folders, latest, merging a partial run -------------------------------------------
+
+T0 = datetime.datetime(2026, 12, 1, 17, 4, 0, tzinfo=datetime.timezone.utc)  # noqa: UP017
+T1 = T0 + datetime.timedelta(hours=1)
+T2 = T0 + datetime.timedelta(hours=2)
+
+
+def _failed_doc() -> dict[str, Any]:
+    doc = passing_doc()
+    doc["ok"] = False
+    doc["problems"] = [{"check": "fit", "cause": "loss is nan", "fix": "lower the learning rate"}]
+    return doc
+
+
+def _cli(out_dir: Path, results: dict[str, Any], now: datetime.datetime, *extra: str) -> dict[str, Any]:
+    out = io.StringIO()
+    argv = ["--input", "-", "--out-dir", str(out_dir), "--inventory-name", "lab", "--emit", "json", *extra]
+    assert fleet_report.main(argv, stdin=io.StringIO(json.dumps(results)), stdout=out, now=now) == 0
+    return json.loads(out.getvalue())
+
+
+@pytest.mark.parametrize(
+    "sources, override, expected",
+    [
+        (["{tmp}/inventories/sandbox"], None, "sandbox"),
+        (["{tmp}/inventories/gpu_hosts/hosts.yml"], None, "gpu_hosts"),
+        (["{tmp}/inventories/sandbox", "{tmp}/inventories/gpu_hosts/hosts.yml"], None, "sandbox+gpu_hosts"),
+        (["{tmp}/inventories/sandbox"], "GPU fleet (prod)", "GPU_fleet__prod_"),
+        (["gpu01,gpu02,"], None, "adhoc"),
+        ([], "", "default"),
+        ([], "../..", "default"),
+    ],
+)
+def test_inventory_name(tmp_path: Path, sources: list[str], override: str | None, expected: str) -> None:
+    (tmp_path / "inventories" / "sandbox").mkdir(parents=True)
+    (tmp_path / "inventories" / "gpu_hosts").mkdir()
+    (tmp_path / "inventories" / "gpu_hosts" / "hosts.yml").write_text("all: {}\n")
+    sources = [s.format(tmp=tmp_path) for s in sources]
+    assert report_history.inventory_name(sources, override) == expected
+
+
+def _report(results: dict[str, Any], now: datetime.datetime) -> dict[str, Any]:
+    return fleet_report.build_report(results, None, now)
+
+
+def test_merge_carries_over_the_hosts_a_limited_run_did_not_verify() -> None:
+    previous = _report({"gpu01": passing_doc(), "gpu02": passing_doc(), "gpu03": _failed_doc()}, T0)
+    merged = report_history.merge(previous, _report({"gpu01": _failed_doc()}, T1), ["gpu01", "gpu02", "gpu03"])
+    assert merged["hosts"]["gpu01"]["status"] == "FAIL"  # this run's result, not the old PASS
+    for host, last in (("gpu02", "PASS"), ("gpu03", "FAIL")):
+        entry = merged["hosts"][host]
+        assert (entry["status"], entry["carried_over"], entry["last_status"]) == ("NOT IN THIS RUN", True, last)
+        assert [row["status"] for row in entry["rows"]] == [f"not in this run (last seen 2026-12-01T17:04:00Z: {last})"]
+        assert [o["passed"] for row in entry["rows"] for o in row["checks"].values()] == [None]
+        assert entry["problems"] == []  # not a current failure either
+    assert merged["hosts"]["gpu03"]["last_problems"][0]["cause"] == "loss is nan"
+    assert merged["summary"] == {
+        "hosts": 3,
+        "passed": 0,
+        "failed": 1,
+        "unreachable": 0,
+        "rechecked": 1,
+        "not_in_run": 2,
+    }
+
+
+def test_a_stale_pass_is_never_a_current_pass() -> None:
+    previous = _report({"gpu01": passing_doc(), "gpu02": passing_doc()}, T0)
+    merged = report_history.merge(previous, _report({"gpu01": _failed_doc()}, T1), None)
+    assert merged["summary"]["passed"] == 0
+    junit = ET.fromstring(fleet_report.format_junit(merged))
+    cases = [c for c in junit.iter("testcase") if c.get("classname").startswith("gpu02")]
+    assert [(c.get("name"), [(e.tag, e.get("message")) for e in c]) for c in cases] == [
+        ("verification", [("skipped", "not in this run (last seen 2026-12-01T17:04:00Z: PASS)")])
+    ]
+    text = fleet_report.format_text(merged)
+    assert "3 hosts" not in text and "2 hosts: 0 passed, 1 failed (0 unreachable), 1 not in this run" in text
+    page = fleet_report.format_html(merged)
+    assert '<tr class="carried">' in page and page.count('<tr class="pass">') == 0
+
+
+def test_merge_keeps_the_time_a_host_was_last_verified_and_drops_hosts_gone_from_the_inventory() -> None:
+    first = _report({"gpu01": passing_doc(), "gpu02": passing_doc(), "gpu03": passing_doc()}, T0)
+    second = report_history.merge(first, _report({"gpu01": passing_doc()}, T1), None)
+    third = report_history.merge(second, _report({"gpu01": passing_doc()}, T2), ["gpu01", "gpu02"])
+    assert sorted(third["hosts"]) == ["gpu01", "gpu02"]  # gpu03 left the inventory
+    assert third["hosts"]["gpu02"]["last_seen"] == "2026-12-01T17:04:00Z"
+    assert third["hosts"]["gpu02"]["last_status"] == "PASS"
+
+
+def test_a_full_run_carries_nothing_over() -> None:
+    previous = _report({"gpu01": _failed_doc(), "gpu02": passing_doc()}, T0)
+    merged = report_history.merge(previous, _report({"gpu01": passing_doc(), "gpu02": passing_doc()}, T1), None)
+    assert merged["summary"]["not_in_run"] == 0 and merged["summary"]["passed"] == 2
+    assert merged["merged_from"] is None
+
+
+def test_each_run_gets_a_folder_and_latest_follows_the_last_one(tmp_path: Path) -> None:
+    first = _cli(tmp_path, {"gpu01": passing_doc(), "gpu02": passing_doc()}, T0)
+    second = _cli(tmp_path, {"gpu01": _failed_doc()}, T1, "--inventory-hosts", '["gpu01", "gpu02"]', "--limit", "gpu01")
+    lab = tmp_path / "lab"
+    assert first["run_dir"] == str(lab / "20261201T170400Z") and second["run_dir"] == str(lab / "20261201T180400Z")
+    assert os.readlink(lab / "latest") == "20261201T180400Z"  # relative, so the folder can move
+    old = json.loads((lab / "20261201T170400Z" / "fleet-report.json").read_text())
+    assert old["summary"]["passed"] == 2  # history kept as it was
+    new = json.loads((lab / "latest" / "fleet-report.json").read_text())
+    assert (new["limit"], new["merged_from"], new["inventory"]) == ("gpu01", "20261201T170400Z", "lab")
+    assert second["summary"]["not_in_run"] == 1 and second["summary"]["rechecked"] == 1
+    assert new["hosts"]["gpu02"]["rows"][0]["status"] == "not in this run (last seen 2026-12-01T17:04:00Z: PASS)"
+    junit = (lab / "latest" / "fleet-report.junit.xml").read_text()
+    assert '<skipped message="not in this run (last seen 2026-12-01T17:04:00Z: PASS)" />' in junit
+    assert "not in this run (last seen 2026-12-01T17:04:00Z: PASS)" in (lab / "latest" / "fleet-report.md").read_text()
+    assert not [p for p in lab.iterdir() if p.name.startswith(".")]  # no temporary link left
+
+
+def test_only_the_last_runs_are_kept(tmp_path: Path) -> None:
+    for hour in range(4):
+        _cli(tmp_path, {"gpu01": passing_doc()}, T0 + datetime.timedelta(hours=hour), "--keep", "2")
+    assert sorted(p.name for p in (tmp_path / "lab").iterdir()) == ["20261201T190400Z", "20261201T200400Z", "latest"]
+    out = io.StringIO()
+    bad = ["--input", "-", "--out-dir", str(tmp_path), "--keep", "0"]
+    assert fleet_report.main(bad, stdin=io.StringIO("{}"), stdout=out) == 2
+
+
+def test_two_runs_in_one_second_get_two_folders(tmp_path: Path) -> None:
+    _cli(tmp_path, {"gpu01": passing_doc()}, T0)
+    again = _cli(tmp_path, {"gpu01": _failed_doc()}, T0)
+    assert again["run_dir"].endswith("/20261201T170400Z-1")
+    assert os.readlink(tmp_path / "lab" / "latest") == "20261201T170400Z-1"
+
+
+def test_dry_run_writes_and_deletes_nothing(tmp_path: Path) -> None:
+    _cli(tmp_path, {"gpu01": passing_doc(), "gpu02": passing_doc()}, T0, "--keep", "1")
+    before = sorted(str(p) for p in tmp_path.rglob("*"))
+    done = _cli(tmp_path, {"gpu01": _failed_doc()}, T1, "--dry-run", "--keep", "1")
+    assert sorted(str(p) for p in tmp_path.rglob("*")) == before
+    assert os.readlink(tmp_path / "lab" / "latest") == "20261201T170400Z"
+    assert (done["written"], done["run_dir"], done["summary"]["not_in_run"]) == (False, None, 1)
+    assert "1 not in this run" in done["table"]
+
+
+def test_an_unreadable_previous_report_is_named_and_not_merged(tmp_path: Path) -> None:
+    _cli(tmp_path, {"gpu01": passing_doc(), "gpu02": passing_doc()}, T0)
+    (tmp_path / "lab" / "latest" / "fleet-report.json").write_text("{truncated")
+    done = _cli(tmp_path, {"gpu01": passing_doc()}, T1)
+    assert done["summary"]["not_in_run"] == 0
+    assert (
+        "previous report" in done["table"] and "unreadable" in done["table"] and "Remove it or fix it" in done["table"]
+    )
+
+
+LOCK_SHA = "0123456789abcdef" * 4
+
+
+def test_the_lock_column_shows_each_venvs_lock_digest_and_its_check_passes() -> None:
+    doc = passing_doc()
+    doc["lock"] = {"path": "/opt/tensorflow/2.12/tf-lock.txt", "sha256": LOCK_SHA, "pins": 45, "ok": True}
+    row = fleet_report.build_report({"h": [doc]}, None)["hosts"]["h"]["rows"][0]
+    assert row["lock"] == "0123456789ab"
+    assert row["checks"]["lock"] == {"status": "pass", "passed": True, "reason": None}
+    assert "lock sha256" in fleet_report.format_text(fleet_report.build_report({"h": [doc]}, None))
+
+
+def test_a_venv_that_drifted_from_its_lock_fails_the_lock_check_with_cause_and_fix() -> None:
+    doc = passing_doc()
+    lines = ["numpy 1.26.4 installed, the lock has 1.24.3", "pandas 2.2.3 not in the lock"]
+    doc["lock"] = {
+        "path": "/opt/tf/tf-lock.txt",
+        "sha256": LOCK_SHA,
+        "pins": 45,
+        "ok": False,
+        "drift": {"lines": lines},
+    }
+    cause = "The venv differs from its lock /opt/tf/tf-lock.txt (sha256 0123456789ab): " + "; ".join(lines) + "."
+    fix = "Rerun the playbook (site.yml, or playbooks/tensorflow.yml --limit <host>) to restore the lock"
+    doc.update(ok=False, problems=[{"check": "lock", "cause": cause, "fix": fix}])
+    report = fleet_report.build_report({"h": [doc]}, None)
+    row = report["hosts"]["h"]["rows"][0]
+    assert row["status"] == "FAIL" and row["problems"] == "lock"
+    assert row["checks"]["lock"] == {"status": "fail", "passed": False, "reason": cause}
+    text = fleet_report.format_text(report)
+    assert f"[lock]: {cause}" in text and f"fix: {fix}" in text
+    # without the problem (an older gpu_verify.py), the section alone still fails the check
+    doc.update(problems=[])
+    assert _outcomes(doc)["lock"]["reason"] == "; ".join(lines)
+
+
+def test_a_venv_installed_without_a_lock_is_not_run_never_passed() -> None:
+    doc = passing_doc()
+    note = "no lock at /opt/tf/tf-lock.txt: the venv was installed without one"
+    doc["lock"] = {"path": "/opt/tf/tf-lock.txt", "sha256": None, "ok": None, "note": note}
+    row = fleet_report.build_report({"h": [doc]}, None)["hosts"]["h"]["rows"][0]
+    assert row["lock"] == "none" and row["status"] == "PASS"
+    assert row["checks"]["lock"] == {"status": "not run", "passed": None, "reason": note}
+    junit = fleet_report.format_junit(fleet_report.build_report({"h": [doc]}, None))
+    assert f'name="lock"><skipped message="not run: {note}"' in junit
+
+
+def test_the_plan_header_counts_one_host_in_the_singular() -> None:
+    import fleet_plan
+
+    one = {"inventory": "sandbox", "summary": fleet_plan.summarize({"a": {"changes": 0}}), "hosts": {}}
+    assert fleet_plan.format_text(one).startswith(f"{fleet_plan.TITLE}. Inventory sandbox: 1 host, 0 would change")
+    two = one | {"summary": fleet_plan.summarize({"a": {"changes": 1}, "b": {"changes": 0}})}
+    assert "Inventory sandbox: 2 hosts, 1 would change, 1 nothing to do" in fleet_plan.format_text(two)

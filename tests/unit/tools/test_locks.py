@@ -1,0 +1,96 @@
+"""tools/locks.py (`make locks`): the uv command per lock, the header, writing and --check, with a
+stand-in uv (the real one asks PyPI; `make locks LOCKS_ARGS=--check` runs it by hand)."""
+
+from __future__ import annotations
+
+import importlib.util
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+SPEC = importlib.util.spec_from_file_location("locks_tool", ROOT / "tools" / "locks.py")
+locks = importlib.util.module_from_spec(SPEC)
+SPEC.loader.exec_module(locks)
+
+# Prints its arguments' platform and pins as a uv pip compile would print a lock.
+FAKE_UV = """#!{python}
+import sys
+if sys.argv[1:] == ["--version"]:
+    print("uv 9.9.9 (fake)")
+    sys.exit(0)
+pins = open("pins.in").read().split()
+python = sys.argv[sys.argv.index("--python-version") + 1]
+for pin in pins:
+    print(pin + " \\\\\\n    --hash=sha256:" + "d" * 64 + "\\n    # via -r pins.in (py" + python + ")")
+"""
+TARGETS = """index_url: https://pypi.org/simple
+platform: x86_64-manylinux_2_17
+exclude_newer: "2026-12-01T00:00:00Z"
+locks:
+  - {package: tensorflow-cpu, tensorflow: "2.12.1", python: ["3.11", "3.10"]}
+"""
+
+
+@pytest.fixture
+def fake_uv(tmp_path: Path) -> str:
+    path = tmp_path / "uv"
+    path.write_text(FAKE_UV.format(python=sys.executable))
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    return str(path)
+
+
+def test_the_uv_command_targets_the_hosts_not_this_machine():
+    settings = locks.Settings("https://pypi.org/simple", "x86_64-manylinux_2_17", "2026-12-01T00:00:00Z")
+    command = locks.uv_command("uv", settings, locks.Lock("tensorflow", "2.12.1", "3.9"))
+    assert command[:4] == ["uv", "pip", "compile", "--generate-hashes"]
+    pairs = {option: command[i + 1] for i, option in enumerate(command[:-1])}
+    assert pairs["--python-version"] == "3.9" and pairs["--python-platform"] == "x86_64-manylinux_2_17"
+    assert pairs["--exclude-newer"] == "2026-12-01T00:00:00Z" and pairs["--only-binary"] == ":all:"
+    assert "--no-config" in command and command[-1] == "pins.in"
+
+
+def test_make_locks_writes_one_lock_per_target_with_a_header_and_check_finds_them_current(tmp_path, fake_uv):
+    targets = tmp_path / "targets.yml"
+    targets.write_text(TARGETS)
+    assert locks.main(["--targets", str(targets), "--uv", fake_uv]) == 0
+    lock = (tmp_path / "tensorflow-cpu-2.12.1-py3.10.txt").read_text()
+    assert lock.startswith("# Dependency lock of tensorflow-cpu==2.12.1 for CPython 3.10 on Linux x86_64:\n")
+    assert "with uv 9.9.9, from pins.in = tensorflow-cpu==2.12.1:" in lock
+    assert "#   uv pip compile --generate-hashes --no-header" in lock
+    assert "tensorflow-cpu==2.12.1 \\\n    --hash=sha256:" in lock and "(py3.10)" in lock
+    assert (tmp_path / "tensorflow-cpu-2.12.1-py3.11.txt").exists()
+    assert locks.main(["--targets", str(targets), "--uv", fake_uv, "--check"]) == 0
+    (tmp_path / "tensorflow-cpu-2.12.1-py3.11.txt").write_text("numpy==1.0\n")
+    assert locks.main(["--targets", str(targets), "--uv", fake_uv, "--check"]) == 1
+    assert (tmp_path / "tensorflow-cpu-2.12.1-py3.11.txt").read_text() == "numpy==1.0\n", "--check wrote"
+
+
+def test_one_lock_with_extras_into_a_folder_of_ones_own(tmp_path, fake_uv):
+    out = tmp_path / "my-locks"
+    argv = ["--package", "tensorflow", "--tensorflow", "2.12.1", "--python", "3.10", "--extra", "pandas==2.2.3"]
+    assert locks.main([*argv, "--out-dir", str(out), "--uv", fake_uv]) == 0
+    text = (out / "tensorflow-2.12.1-py3.10.txt").read_text()
+    assert "from pins.in = tensorflow==2.12.1 pandas==2.2.3" in text and "pandas==2.2.3 \\" in text
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--package", "tensorflow"],
+        ["--package", "tensorflow", "--tensorflow", "2.12", "--python", "3.10"],
+        ["--package", "tensorflow", "--tensorflow", "2.12.1", "--python", "3"],
+        ["--package", "tensorflow", "--tensorflow", "2.12.1", "--python", "3.10", "--extra", "pandas"],
+    ],
+)
+def test_bad_arguments_exit_2(argv, fake_uv, capsys):
+    assert locks.main([*argv, "--uv", fake_uv]) == 2
+    assert capsys.readouterr().err.startswith("locks: ")
+
+
+def test_the_shipped_targets_file_loads():
+    settings, planned = locks.load_targets()
+    assert settings.platform == "x86_64-manylinux_2_17" and settings.exclude_newer
+    assert {lock.file for lock in planned} == {p.name for p in (ROOT / "data" / "locks").glob("*.txt")}

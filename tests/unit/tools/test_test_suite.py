@@ -1,0 +1,113 @@
+"""tools/test_suite.py (`make check`, `make test`): which parts run, in what order, and the table.
+
+The parts here are shell one-liners that take no time; the real list is tests/parts.yml, which must
+name every Molecule scenario and every integration test file, so that no test is left out of CI.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+
+import pytest
+import yaml
+from helpers import ROOT
+
+
+def load_suite():
+    spec = importlib.util.spec_from_file_location("test_suite_tool", ROOT / "tools" / "test_suite.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["test_suite_tool"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+suite = load_suite()
+
+
+def part(name, command="true", estimate=1.0, needs=(), alone=False):
+    return suite.Part(name, command, "test", estimate, list(needs), alone)
+
+
+def run(parts, jobs=2, tmp_path=None, monkeypatch=None):
+    if monkeypatch is not None:
+        monkeypatch.setattr(suite, "LOGS", tmp_path / "logs")
+    return suite.Runner(parts, jobs, {"PATH": "/usr/bin:/bin"}).run()
+
+
+def test_every_scenario_and_integration_file_is_a_part():
+    commands = " ".join(
+        spec["command"] for spec in yaml.safe_load((ROOT / "tests/parts.yml").read_text())["parts"].values()
+    )
+    scenarios = sorted(p.parent.name for p in (ROOT / "molecule").glob("*/molecule.yml"))
+    missing = [s for s in scenarios if f"molecule test -s {s}" not in commands]
+    missing += [
+        f.name for f in (ROOT / "tests/integration").glob("test_*.py") if f"tests/integration/{f.name}" not in commands
+    ]
+    assert not missing, f"not run by make test: {missing}"
+
+
+def test_the_check_tier_is_lint_unit_and_sanity():
+    assert [p.name for p in suite.load("check", [])] == ["lint", "unit", "sanity"]
+    names = [p.name for p in suite.load("test", [])]
+    assert names[:3] == ["lint", "unit", "sanity"] and len(names) > 10
+
+
+def test_only_brings_what_the_part_needs():
+    assert {p.name for p in suite.load("test", ["integration:bad_input_suite"])} == {
+        "integration:bad_input_suite",
+        "snapshot:converged",
+    }
+
+
+def test_a_part_starts_after_what_it_needs(tmp_path, monkeypatch):
+    log = tmp_path / "order"
+    parts = [
+        part("consumer", f"echo consumer >> {log}", estimate=100, needs=["snapshot"]),
+        part("snapshot", f"sleep 0.2; echo snapshot >> {log}", estimate=1),
+    ]
+    assert run(parts, tmp_path=tmp_path, monkeypatch=monkeypatch)
+    assert log.read_text().split() == ["snapshot", "consumer"]
+    assert all(p.result == "passed" for p in parts)
+
+
+def test_the_longest_ready_part_goes_first(tmp_path, monkeypatch):
+    log = tmp_path / "order"
+    parts = [part(name, f"echo {name} >> {log}", estimate=est) for name, est in (("short", 1), ("long", 9), ("mid", 5))]
+    assert run(parts, jobs=1, tmp_path=tmp_path, monkeypatch=monkeypatch)
+    assert log.read_text().split() == ["long", "mid", "short"]
+
+
+def test_a_part_marked_alone_has_nothing_beside_it(tmp_path, monkeypatch):
+    log = tmp_path / "events"
+    body = "echo {0} start >> {1}; sleep 0.3; echo {0} end >> {1}"
+    parts = [
+        part("alone", body.format("alone", log), estimate=5, alone=True),
+        part("a", body.format("a", log), estimate=4),
+        part("b", body.format("b", log), estimate=3),
+    ]
+    assert run(parts, jobs=2, tmp_path=tmp_path, monkeypatch=monkeypatch)
+    events = log.read_text().splitlines()
+    start, end = events.index("alone start"), events.index("alone end")
+    assert end == start + 1, events  # nothing started or ended while it ran
+
+
+def test_a_failed_need_fails_its_consumers_without_running_them(tmp_path, monkeypatch, capsys):
+    marker = tmp_path / "ran"
+    parts = [part("snapshot", "echo broken; exit 3"), part("consumer", f"touch {marker}", needs=["snapshot"])]
+    assert not run(parts, tmp_path=tmp_path, monkeypatch=monkeypatch)
+    assert [p.result for p in parts] == ["failed", "not run"]
+    assert not marker.exists()
+    assert "broken" in capsys.readouterr().out  # the failed part's log tail is printed
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_the_table_lists_every_part_with_its_result_and_time(tmp_path, monkeypatch, jobs):
+    parts = [part("one"), part("two", "exit 1")]
+    run(parts, jobs=jobs, tmp_path=tmp_path, monkeypatch=monkeypatch)
+    text = suite.table(parts, 12.0)
+    assert re.search(r"^\| one \| passed \| \d+ \| \d+ \|$", text, re.MULTILINE), text
+    assert re.search(r"^\| two \| failed \| \d+ \| \d+ \|$", text, re.MULTILINE), text
+    assert "12 wall" in text

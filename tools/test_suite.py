@@ -1,0 +1,179 @@
+#!/usr/bin/env python3
+"""Run the test suite's parts, two at a time, and print a table of each part's wall time.
+
+Parts and what they need are data (``tests/parts.yml``): a part starts once the parts it needs have
+passed, and the longest ready part goes first (its last measured time, kept in
+build/test-times.json, or the estimate in the data file), so the slow ones do not end up last. Each
+part's output goes to build/test-logs/<part>.log; a failed part's tail is printed at once, the
+others go on, and the run fails at the end. A part whose need failed is not run and counts as
+failed.
+
+The ``converged`` snapshot (tests/snapshots.py) is a part of its own, so that the parts that start
+hosts from it wait for one build instead of each building it.
+
+Usage: tools/test_suite.py [--tier check|test] [--jobs N] [--only PART|PATTERN ...]
+Exit codes: 0 every part passed; 1 a part failed; 2 usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+PARTS = ROOT / "tests" / "parts.yml"
+LOGS = ROOT / "build" / "test-logs"
+TIMES = ROOT / "build" / "test-times.json"
+TAIL = 80  # lines of a failed part's log printed on the console
+
+
+@dataclass
+class Part:
+    name: str
+    command: str
+    tier: str
+    estimate: float
+    needs: list[str] = field(default_factory=list)
+    alone: bool = False  # timed against waits of a few seconds: runs with no other part beside it
+    result: str = "waiting"
+    seconds: float = 0.0
+    started: float = 0.0
+
+
+def load(tier: str, only: list[str]) -> list[Part]:
+    data = yaml.safe_load(PARTS.read_text())
+    measured = json.loads(TIMES.read_text()) if TIMES.exists() else {}
+    tiers = ("check",) if tier == "check" else ("check", "test")
+    parts = [
+        Part(
+            name,
+            spec["command"],
+            spec.get("tier", "test"),
+            measured.get(name, spec["estimate"]),
+            spec.get("needs", []),
+            spec.get("alone", False),
+        )
+        for name, spec in data["parts"].items()
+        if spec.get("tier", "test") in tiers
+    ]
+    if only:
+        wanted = {part.name for part in parts if any(fnmatch.fnmatchcase(part.name, pattern) for pattern in only)}
+        for part in parts:  # what the chosen parts need comes with them
+            if part.name in wanted:
+                wanted |= set(part.needs)
+        parts = [part for part in parts if part.name in wanted]
+    return parts
+
+
+class Runner:
+    def __init__(self, parts: list[Part], jobs: int, env: dict[str, str]):
+        self.parts, self.jobs, self.env = parts, jobs, env
+        self.lock = threading.Condition()
+        self.t0 = time.monotonic()
+
+    def _ready(self) -> Part | None:
+        running = [p for p in self.parts if p.result == "running"]
+        if any(p.alone for p in running):
+            return None
+        done = {p.name: p.result for p in self.parts}
+        for part in sorted(self.parts, key=lambda p: -p.estimate):
+            if part.result != "waiting":
+                continue
+            states = [done.get(need, "passed") for need in part.needs]
+            if any(state in ("failed", "not run") for state in states):
+                part.result = "not run"
+                continue
+            if all(state == "passed" for state in states) and not (part.alone and running):
+                return part
+        return None
+
+    def run(self) -> bool:
+        LOGS.mkdir(parents=True, exist_ok=True)
+        with self.lock:
+            while any(p.result in ("waiting", "running") for p in self.parts):
+                running = sum(p.result == "running" for p in self.parts)
+                part = self._ready() if running < self.jobs else None
+                if part is None:
+                    if not running:  # nothing runs and nothing can start: needs that never pass
+                        for p in self.parts:
+                            p.result = "not run" if p.result == "waiting" else p.result
+                        break
+                    self.lock.wait()
+                    continue
+                part.result, part.started = "running", time.monotonic()
+                print(f"[{self._clock()}] start  {part.name}", flush=True)
+                threading.Thread(target=self._one, args=(part,), daemon=True).start()
+        return all(p.result == "passed" for p in self.parts)
+
+    def _clock(self) -> str:
+        elapsed = int(time.monotonic() - self.t0)
+        return f"{elapsed // 60:3d}:{elapsed % 60:02d}"
+
+    def _one(self, part: Part) -> None:
+        log = LOGS / f"{part.name.replace(':', '-')}.log"
+        returncode = -1
+        try:
+            with open(log, "w") as out:
+                returncode = subprocess.run(
+                    part.command, shell=True, cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT
+                ).returncode
+        finally:
+            with self.lock:
+                part.seconds = time.monotonic() - part.started
+                part.result = "passed" if returncode == 0 else "failed"
+                print(f"[{self._clock()}] {part.result:6} {part.name} ({part.seconds:.0f} s)", flush=True)
+                if returncode != 0:
+                    lines = log.read_text(errors="replace").splitlines()[-TAIL:] if log.exists() else []
+                    print(f"--- last {len(lines)} lines of {log}\n" + "\n".join(lines) + "\n---", flush=True)
+                self.lock.notify_all()
+
+
+def table(parts: list[Part], wall: float) -> str:
+    rows = ["| part | result | wall s | started at s |", "|---|---|---|---|"]
+    t0 = min((p.started for p in parts if p.started), default=0.0)
+    for part in sorted(parts, key=lambda p: (p.started or float("inf"), p.name)):
+        start = f"{part.started - t0:.0f}" if part.started else ""
+        rows.append(f"| {part.name} | {part.result} | {part.seconds:.0f} | {start} |")
+    busy = sum(p.seconds for p in parts)
+    rows.append(f"| **all ({len(parts)} parts)** | | {wall:.0f} wall, {busy:.0f} summed | |")
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tier", choices=("check", "test"), default="test")
+    parser.add_argument("--jobs", type=int, default=int(os.environ.get("TEST_JOBS", "2")))
+    parser.add_argument(
+        "--only", nargs="*", default=[], help="these parts (shell patterns: 'molecule:*') and what they need"
+    )
+    args = parser.parse_args(argv)
+    parts = load(args.tier, args.only)
+    if not parts:
+        parser.error(f"no such part: {' '.join(args.only)}")
+    runner = Runner(parts, max(1, args.jobs), dict(os.environ))
+    started = time.monotonic()
+    ok = runner.run()
+    wall = time.monotonic() - started
+    measured = json.loads(TIMES.read_text()) if TIMES.exists() else {}
+    measured.update({p.name: round(p.seconds) for p in parts if p.result == "passed"})
+    TIMES.parent.mkdir(parents=True, exist_ok=True)
+    TIMES.write_text(json.dumps(measured, indent=1, sort_keys=True) + "\n")
+    print(f"\nTest parts ({args.tier}, {args.jobs} at a time; logs in {LOGS}/):\n")
+    print(table(parts, wall))
+    failed = [p.name for p in parts if p.result != "passed"]
+    print(f"\n{'FAILED: ' + ', '.join(failed) if failed else 'all parts passed'} in {wall:.0f} s")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
