@@ -2,8 +2,9 @@
 """Run the test suite's parts, two at a time, and print a table of each part's wall time.
 
 Parts and what they need are data (``tests/parts.yml``): a part starts once the parts it needs have
-passed, and the longest ready part goes first (its last measured time, kept in
-build/test-times.json, or the estimate in the data file), so the slow ones do not end up last. Each
+passed, and the ready part with the longest chain goes first (its time plus that of the parts waiting
+for it: the last measured time, kept in build/test-times.json, or the data file's estimate), so the
+slow ones and the ones others wait for do not end up last. Each
 part's output goes to build/test-logs/<part>.log; a failed part's tail is printed at once, the
 others go on, and the run fails at the end. A part whose need failed is not run and counts as
 failed.
@@ -86,7 +87,7 @@ class Runner:
         if any(p.alone for p in running):
             return None
         done = {p.name: p.result for p in self.parts}
-        for part in sorted(self.parts, key=lambda p: -p.estimate):
+        for part in sorted(self.parts, key=lambda p: -self._rank(p)):
             if part.result != "waiting":
                 continue
             states = [done.get(need, "passed") for need in part.needs]
@@ -96,6 +97,12 @@ class Runner:
             if all(state == "passed" for state in states) and not (part.alone and running):
                 return part
         return None
+
+    def _rank(self, part: Part) -> float:
+        """The part's estimate plus the longest chain of parts waiting for it: a part others need goes
+        before a longer part that nobody needs."""
+        after = [self._rank(p) for p in self.parts if part.name in p.needs]
+        return part.estimate + max(after, default=0.0)
 
     def run(self) -> bool:
         LOGS.mkdir(parents=True, exist_ok=True)

@@ -111,3 +111,14 @@ def test_the_table_lists_every_part_with_its_result_and_time(tmp_path, monkeypat
     assert re.search(r"^\| one \| passed \| \d+ \| \d+ \|$", text, re.MULTILINE), text
     assert re.search(r"^\| two \| failed \| \d+ \| \d+ \|$", text, re.MULTILINE), text
     assert "12 wall" in text
+
+
+def test_a_part_others_wait_for_goes_before_a_longer_one(tmp_path, monkeypatch):
+    log = tmp_path / "order"
+    parts = [
+        part("long", f"echo long >> {log}", estimate=10),
+        part("snapshot", f"echo snapshot >> {log}", estimate=3),
+        part("consumer", f"echo consumer >> {log}", estimate=8, needs=["snapshot"]),
+    ]
+    assert run(parts, jobs=1, tmp_path=tmp_path, monkeypatch=monkeypatch)
+    assert log.read_text().split() == ["snapshot", "long", "consumer"]
