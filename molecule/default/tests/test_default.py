@@ -18,6 +18,8 @@ from ansible_run import latest_report, run_playbook
 # ansible_inventory.yml, which the tests get as MOLECULE_INVENTORY_FILE): gpu_verify names the
 # report folder after it, so the reports are under <report dir>/inventory/.
 MOLECULE_INVENTORY = "inventory"
+# The scenario's own report folder (gpu_verify_report_dir in .config/molecule/config.yml).
+REPORTS = ROOT / "reports" / "molecule-default"
 CUDA = "/usr/local/cuda-11.8"
 VENV = "/opt/tensorflow/2.12"
 
@@ -168,7 +170,7 @@ def test_installers_removed_from_host_cache(host):
 
 
 def test_report_json_fields():
-    report = json.loads(latest_report(ROOT / "reports", MOLECULE_INVENTORY).read_text())
+    report = json.loads(latest_report(REPORTS, MOLECULE_INVENTORY).read_text())
     entry = next(iter(report["hosts"].values()))
     assert entry["status"] == "PASS"
     doc = entry["results"][0]
@@ -187,8 +189,8 @@ def test_report_json_fields():
 
 
 def test_report_for_people_and_ci_dashboards():
-    assert '<tr class="pass">' in latest_report(ROOT / "reports", MOLECULE_INVENTORY, "fleet-report.html").read_text()
-    junit = latest_report(ROOT / "reports", MOLECULE_INVENTORY, "fleet-report.junit.xml").read_text()
+    assert '<tr class="pass">' in latest_report(REPORTS, MOLECULE_INVENTORY, "fleet-report.html").read_text()
+    junit = latest_report(REPORTS, MOLECULE_INVENTORY, "fleet-report.junit.xml").read_text()
     assert 'failures="0"' in junit and 'name="fit"' in junit
 
 
@@ -211,7 +213,7 @@ def test_more_gpus_expected_than_seen_fails_verification(tmp_path):
 def test_check_on_the_fresh_host_wrote_the_plan_of_what_converge_then_did():
     """Molecule's check step ran site.yml --check on the fresh host before converge: its plan names
     each phase's change, and it is written beside the reports, not as one (plans/latest)."""
-    plan = json.loads((ROOT / "reports" / MOLECULE_INVENTORY / "plans" / "latest" / "plan.json").read_text())
+    plan = json.loads((REPORTS / MOLECULE_INVENTORY / "plans" / "latest" / "plan.json").read_text())
     host = plan["hosts"]["molecule-gpu-default"]
     lines = {p["phase"]: p["line"] for p in host["phases"]}
     assert list(lines) == ["driver", "CUDA", "cuDNN", "environment", "TensorFlow"]
@@ -223,7 +225,7 @@ def test_check_on_the_fresh_host_wrote_the_plan_of_what_converge_then_did():
     assert "/etc/profile.d/gpu-env.sh" in lines["environment"] and lines["environment"].endswith("would be written")
     assert lines["TensorFlow"] == f"venv tf2.12 would be created in {VENV} (TensorFlow 2.12.1)"
     assert host["changes"] == 5 and plan["summary"]["would_change"] == 1
-    markdown = (ROOT / "reports" / MOLECULE_INVENTORY / "plans" / "latest" / "plan.md").read_text()
+    markdown = (REPORTS / MOLECULE_INVENTORY / "plans" / "latest" / "plan.md").read_text()
     assert f"| molecule-gpu-default | cuDNN | cuDNN 8.6.0 would be installed into {CUDA} |" in markdown
 
 
