@@ -15,7 +15,7 @@ STANDINS := build/standins
 PYTEST_UNIT := tests/unit
 EE_TAG ?= gpu-fleet-tf-hosts-ee:0.18.0
 
-.PHONY: help deps venv image standins sandbox demo demo-clean check lint unit sanity molecule integration test bench locks ee-context ee clean
+.PHONY: help deps venv image standins sandbox demo demo-clean wheelhouse check lint unit sanity molecule integration test bench locks ee-context ee clean
 
 help:
 	@echo "make demo        provision and verify the sandbox host, print the fleet report"
@@ -38,6 +38,7 @@ help:
 	@echo "make image       the sandbox's Debian 12 image (debootstrap; once)"
 	@echo "make standins    the stand-ins for NVIDIA's installers under build/"
 	@echo "make sandbox     start the sandbox container gpu-sandbox"
+	@echo "make wheelhouse  the wheels of the locks the test hosts install, once (build/wheelhouse)"
 
 deps:
 	tools/install-host-deps.sh
@@ -84,16 +85,20 @@ sanity: venv
 
 SUITE := $(BIN)/python tools/test_suite.py
 
-molecule: venv standins image
+# The wheels of the locks the test hosts install, once per session (tests/wheelhouse.py).
+wheelhouse: venv
+	$(BIN)/python tests/wheelhouse.py
+
+molecule: venv standins image wheelhouse
 	$(SUITE) --jobs 1 --only 'molecule:*'
 
-integration: venv standins image
+integration: venv standins image wheelhouse
 	$(SUITE) --only 'integration:*'
 
 check: venv standins
 	$(SUITE) --tier check
 
-test: venv standins image
+test: venv standins image wheelhouse
 	$(SUITE) --tier test
 
 # Not part of `make test`: fresh containers, first provisioning on 1 and 4 hosts (many minutes).

@@ -12,20 +12,23 @@ from pathlib import Path
 import pytest
 from ansible_run import run_playbook
 from snapshots import ensure, write_inventory
+from wheelhouse import container_options
 
 ROOT = Path(__file__).resolve().parents[1]
 IMAGE = os.environ.get("GPU_SANDBOX_IMAGE", "localhost/gpu-sandbox-debian:12")
 STANDINS = ROOT / "build/standins"
 
 
-def start_container(prefix: str, *options: str, image: str = IMAGE) -> str:
+def start_container(prefix: str, *options: str, image: str = IMAGE, wheelhouse: bool = True) -> str:
     """Start a new sandbox container named ``<prefix>-<random>`` from ``image`` (extra ``podman run``
-    options before the image); returns its name."""
+    options before the image; with ``wheelhouse``, pip on the host installs from the session's
+    wheelhouse: tests/wheelhouse.py); returns its name."""
     if shutil.which("podman") is None or not (STANDINS / "artifacts.yml").exists():
         pytest.fail("needs podman, the sandbox image and the stand-ins: run `make image standins` first")
     name = f"{prefix}-{uuid.uuid4().hex[:8]}"
     env = dict(os.environ, GPU_SANDBOX_NAME=name, GPU_SANDBOX_IMAGE=image)
-    subprocess.run([str(ROOT / "tools/sandbox.sh"), "up", *options], check=True, capture_output=True, env=env)
+    wheels = container_options() if wheelhouse else []
+    subprocess.run([str(ROOT / "tools/sandbox.sh"), "up", *wheels, *options], check=True, capture_output=True, env=env)
     return name
 
 

@@ -37,14 +37,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
 from ansible_run import latest_report, run_playbook
+from wheelhouse import container_options
 
 BASE_IMAGE = os.environ.get("GPU_SANDBOX_IMAGE", "localhost/gpu-sandbox-debian:12")
 REPOSITORY = "localhost/gpu-sandbox-snapshot"
 LABEL = "io.gpu-fleet.snapshot-key"
 LOCKS = ROOT / "build" / "snapshots"
-# One pip cache for every test host of a session (build/pip-cache, bind-mounted at root's cache): each
-# wheel is downloaded once, and pip still checks every wheel against the lock's hashes.
-PIP_CACHE = Path(os.environ.get("GPU_TEST_PIP_CACHE", ROOT / "build" / "pip-cache"))
 # What decides a converged host, besides the state's own variables and stand-ins.
 INPUTS = (
     "roles",
@@ -122,14 +120,9 @@ def image_name(state: State, state_key: str) -> str:
     return f"{REPOSITORY}:{state.name}-{state_key[:16]}"
 
 
-def container_options() -> list[str]:
-    """``podman run`` options every test host gets: the session's pip cache."""
-    PIP_CACHE.mkdir(parents=True, exist_ok=True)
-    return ["-v", f"{PIP_CACHE}:/root/.cache/pip"]
-
-
 def start_host(name: str, image: str, *options: str) -> None:
-    """Start a sandbox container ``name`` from ``image`` (tools/sandbox.sh, the pip cache mounted)."""
+    """Start a sandbox container ``name`` from ``image`` (tools/sandbox.sh, the session's wheelhouse
+    mounted: tests/wheelhouse.py)."""
     env = dict(os.environ, GPU_SANDBOX_NAME=name, GPU_SANDBOX_IMAGE=image)
     started = subprocess.run(
         [str(ROOT / "tools/sandbox.sh"), "up", *container_options(), *options], capture_output=True, text=True, env=env

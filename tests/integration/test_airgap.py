@@ -12,9 +12,10 @@ import json
 import re
 import subprocess
 
+import pytest
 from ansible_collections.gpu_fleet.tf_hosts.plugins.module_utils.gpu_lock import normalize_name, parse_lock
 from ansible_run import latest_report
-from sandbox_hosts import ROOT, site
+from sandbox_hosts import ROOT, sandbox_inventory, site, start_container, stop_container
 
 DEAD_INDEX = "http://127.0.0.1:9/simple"
 LOCK = ROOT / "data" / "locks" / "tensorflow-cpu-2.12.1-py3.11.txt"
@@ -38,8 +39,16 @@ def podman(name: str, *argv: str) -> subprocess.CompletedProcess:
     return subprocess.run(["podman", "exec", name, *argv], capture_output=True, text=True)
 
 
-def test_bundle_alone_converges_a_fresh_host(fresh_host, tmp_path):
-    name, inventory = fresh_host
+@pytest.fixture
+def bare_host(tmp_path):
+    """A fresh sandbox container without the test session's wheelhouse: only the bundle's wheels."""
+    name = start_container("gpu-airgap", wheelhouse=False)
+    yield name, sandbox_inventory(tmp_path / "inventory", name)
+    stop_container(name)
+
+
+def test_bundle_alone_converges_a_fresh_host(bare_host, tmp_path):
+    name, inventory = bare_host
     bundle = tmp_path / "bundle"
     built = site(inventory, "-e", f"gpu_bundle_dir={bundle}", playbook="playbooks/airgap_bundle.yml")
     assert built.returncode == 0, built.stdout[-4000:]

@@ -1,0 +1,64 @@
+"""One wheelhouse per test session: the wheels of every lock the test hosts install, downloaded once.
+
+``make wheelhouse`` (a step of ``make molecule``, ``make integration`` and ``make test``) downloads
+each lock's wheels for the hosts' platform into build/wheelhouse/ with ``pip download
+--require-hashes``, so every file is the one the lock names; a file already there is checked, not
+fetched again. Test hosts get the folder read-only at /srv/test-wheelhouse and
+``PIP_NO_INDEX=1 PIP_FIND_LINKS=/srv/test-wheelhouse`` in their environment: tf_venv's pip (the
+role's own command line, ``--require-hashes`` included) takes every wheel from there instead of
+downloading it again. Molecule ``default`` and the air-gap test keep their own paths: ``default``
+installs from PyPI as users do, the air-gap bundle brings its own wheelhouse.
+
+Usage: python tests/wheelhouse.py      download what is missing, print the folder
+Exit codes: 0 done; 1 pip failed.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+WHEELHOUSE = Path(os.environ.get("GPU_TEST_WHEELHOUSE", ROOT / "build" / "wheelhouse"))
+HOST_DIR = "/srv/test-wheelhouse"
+# The locks the test hosts install (the sandbox's default stack, Molecule multi_stack's second).
+LOCKS = ("tensorflow-cpu-2.12.1-py3.11.txt", "tensorflow-cpu-2.18.1-py3.11.txt")
+# The sandbox hosts: Debian 12, CPython 3.11, x86_64 (the tags the locks' wheels carry).
+PLATFORM = [
+    "--only-binary=:all:",
+    "--implementation=cp",
+    "--python-version=3.11",
+    "--platform=manylinux2014_x86_64",
+    "--platform=manylinux_2_17_x86_64",
+    "--platform=linux_x86_64",
+]
+
+
+def download_command(lock: Path, dest: Path = WHEELHOUSE) -> list[str]:
+    return [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--require-hashes", "-r", str(lock),
+            *PLATFORM, "--dest", str(dest)]  # fmt: skip
+
+
+def build(dest: Path = WHEELHOUSE) -> Path:
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in LOCKS:
+        subprocess.run(download_command(ROOT / "data" / "locks" / name, dest), check=True)
+    return dest
+
+
+def container_options() -> list[str]:
+    """``podman run`` options of a test host that installs from the session's wheelhouse; none when
+    it has not been downloaded (the host then downloads from the index)."""
+    if not WHEELHOUSE.is_dir():
+        return []
+    return ["-v", f"{WHEELHOUSE}:{HOST_DIR}:ro", "-e", "PIP_NO_INDEX=1", "-e", f"PIP_FIND_LINKS={HOST_DIR}"]
+
+
+if __name__ == "__main__":
+    try:
+        print(build())
+    except subprocess.CalledProcessError as exc:
+        print(f"wheelhouse: pip download failed (rc {exc.returncode})", file=sys.stderr)
+        sys.exit(1)
