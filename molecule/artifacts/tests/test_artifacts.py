@@ -58,6 +58,12 @@ def _site(controller_dir: Path, mirror_url: str) -> subprocess.CompletedProcess:
     )
 
 
+def _why(run: subprocess.CompletedProcess) -> str:
+    """A failed run's fatal lines (each with the task before it), then the output's tail."""
+    blocks = [block for block in re.split(r"\n(?=TASK \[)", run.stdout) if re.search(r"^(fatal|failed): ", block, re.M)]
+    return "\n".join(blocks)[-6000:] + "\n...\n" + run.stdout[-3000:]
+
+
 def _changed(run: subprocess.CompletedProcess) -> dict[str, int]:
     return {h: int(n) for h, n in re.findall(r"^(molecule-art-\d)\s+: ok=\d+\s+changed=(\d+)", run.stdout, re.M)}
 
@@ -94,7 +100,7 @@ def test_checksum_mismatch_on_the_mirror_stops_both_hosts(tmp_path):
 
 def test_first_run_fetches_each_artifact_once_for_both_hosts(controller_dir, mirror):
     run = _site(controller_dir, mirror.url)
-    assert run.returncode == 0, run.stdout[-4000:]
+    assert run.returncode == 0, _why(run)
     assert dict(mirror.counts) == dict.fromkeys(FILES, 1)
     for name in HOSTS:
         remote = testinfra.get_host(f"podman://{name}")
@@ -104,7 +110,7 @@ def test_first_run_fetches_each_artifact_once_for_both_hosts(controller_dir, mir
 
 def test_second_run_fetches_nothing_and_changes_nothing(controller_dir, mirror):
     run = _site(controller_dir, mirror.url)
-    assert run.returncode == 0, run.stdout[-4000:]
+    assert run.returncode == 0, _why(run)
     assert dict(mirror.counts) == dict.fromkeys(FILES, 1)
     assert _changed(run) == dict.fromkeys(HOSTS, 0)
 
@@ -113,7 +119,7 @@ def test_damaged_controller_copy_is_fetched_again(controller_dir, mirror):
     with (controller_dir / FILES[2]).open("ab") as handle:
         handle.write(b"bit rot")
     run = _site(controller_dir, mirror.url)
-    assert run.returncode == 0, run.stdout[-4000:]
+    assert run.returncode == 0, _why(run)
     assert mirror.counts[FILES[2]] == 2
     assert (mirror.counts[FILES[0]], mirror.counts[FILES[1]]) == (1, 1)
     assert (controller_dir / FILES[2]).read_bytes() == (STANDINS / FILES[2]).read_bytes()
