@@ -22,6 +22,7 @@ import argparse
 import fnmatch
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -35,7 +36,11 @@ ROOT = Path(__file__).resolve().parents[1]
 PARTS = ROOT / "tests" / "parts.yml"
 LOGS = ROOT / "build" / "test-logs"
 TIMES = ROOT / "build" / "test-times.json"
-TAIL = 80  # lines of a failed part's log printed on the console
+TAIL = 80  # lines of a failed part's log printed on the console when it fails
+# Lines that say why a part failed (pytest, Molecule/Ansible, ansible-test, make), repeated after the
+# table: CI keeps only the end of the console output.
+CAUSE = re.compile(r"^(FAILED |ERROR|FATAL|fatal:|E   |make: \*\*\*)|Error:|AssertionError")
+CAUSES = 12  # the last cause lines of each failed part printed after the table
 
 
 @dataclass
@@ -127,7 +132,7 @@ class Runner:
         return f"{elapsed // 60:3d}:{elapsed % 60:02d}"
 
     def _one(self, part: Part) -> None:
-        log = LOGS / f"{part.name.replace(':', '-')}.log"
+        log = log_path(part)
         returncode = -1
         try:
             with open(log, "w") as out:
@@ -143,6 +148,17 @@ class Runner:
                     lines = log.read_text(errors="replace").splitlines()[-TAIL:] if log.exists() else []
                     print(f"--- last {len(lines)} lines of {log}\n" + "\n".join(lines) + "\n---", flush=True)
                 self.lock.notify_all()
+
+
+def log_path(part: Part) -> Path:
+    return LOGS / f"{part.name.replace(':', '-')}.log"
+
+
+def causes(part: Part) -> list[str]:
+    """The last lines of the part's log that say why it failed (the error lines of its tools)."""
+    log = log_path(part)
+    lines = log.read_text(errors="replace").splitlines() if log.exists() else []
+    return [line[:300] for line in lines if CAUSE.search(line)][-CAUSES:]
 
 
 def table(parts: list[Part], wall: float) -> str:
@@ -178,6 +194,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nTest parts ({args.tier}, {args.jobs} at a time; logs in {LOGS}/):\n")
     print(table(parts, wall))
     failed = [p.name for p in parts if p.result != "passed"]
+    for part in parts:
+        if part.result == "failed":
+            print(f"\n{part.name} failed; from {log_path(part)}:\n" + "\n".join(causes(part) or ["(no error line)"]))
     print(f"\n{'FAILED: ' + ', '.join(failed) if failed else 'all parts passed'} in {wall:.0f} s")
     return 0 if ok else 1
 

@@ -122,3 +122,15 @@ def test_a_part_others_wait_for_goes_before_a_longer_one(tmp_path, monkeypatch):
     ]
     assert run(parts, jobs=1, tmp_path=tmp_path, monkeypatch=monkeypatch)
     assert log.read_text().split() == ["snapshot", "long", "consumer"]
+
+
+def test_a_failed_parts_error_lines_are_kept_for_the_end_of_the_output(tmp_path, monkeypatch):
+    lines = ["collecting"] * 200 + [
+        "ERROR: changelogs/config.yaml:0:0: config file does not exist",
+        "FAILED tests/unit/test_x.py::test_y - AssertionError: 1 != 2",
+        "fatal: [gpu-sandbox]: FAILED! => {}",
+    ]
+    failing = part("sanity", "printf '%s\\n' " + " ".join(f"'{line}'" for line in lines) + "; exit 1")
+    assert not run([failing], tmp_path=tmp_path, monkeypatch=monkeypatch)
+    assert suite.causes(failing) == lines[-3:]
+    assert suite.causes(part("never-ran")) == []
