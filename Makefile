@@ -15,20 +15,21 @@ STANDINS := build/standins
 PYTEST_UNIT := tests/unit
 EE_TAG ?= gpu-fleet-tf-hosts-ee:0.18.0
 
-.PHONY: help deps venv image standins sandbox demo demo-clean wheelhouse check lint unit sanity molecule integration test bench locks ee-context ee clean
+.PHONY: help deps venv image standins sandbox demo demo-clean wheelhouse check lint unit sanity molecule integration test bench locks ee-context ee changelog clean
 
 help:
 	@echo "make demo        provision and verify the sandbox host, print the fleet report"
 	@echo "make demo-clean  remove the sandbox container"
 	@echo "make check       lint, unit and sanity, with a table of their times (the inner loop)"
 	@echo "make test        everything (what CI runs), two parts at a time, with a table of each part's time"
-	@echo "make lint        yamllint, ansible-lint (production), ruff"
+	@echo "make lint        yamllint, ansible-lint (production), ruff, antsibull-changelog lint"
 	@echo "make unit        pytest tests/unit"
 	@echo "make sanity      ansible-test sanity on the built and installed collection"
 	@echo "make molecule    the Molecule scenarios alone (tests/parts.yml), one after another"
 	@echo "make integration the integration tests alone (collection, bad input, interrupted, reports, air-gap, ...)"
 	@echo "make bench       timings on fresh sandbox hosts against the fleet targets (minutes; by hand)"
 	@echo "make locks       the venvs' dependency locks in data/locks/ from data/locks/targets.yml (uv, PyPI)"
+	@echo "make changelog   at release: the fragments into changelogs/changelog.yaml and CHANGELOG.md"
 	@echo "make ee-context  the execution environment's build context (ansible-builder create)"
 	@echo "make ee          the AWX/Automation Platform execution environment image (needs podman)"
 	@echo "make clean       remove build outputs, reports, Ansible's local state and the test hosts' snapshots"
@@ -76,6 +77,7 @@ lint: venv
 	$(BIN)/ansible-lint
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/antsibull-changelog lint
 
 unit: venv standins
 	$(BIN)/pytest -q $(PYTEST_UNIT)
@@ -110,6 +112,11 @@ bench: venv standins image
 # changes; commit the locks. LOCKS_ARGS=--check compares instead of writing.
 locks: venv
 	$(BIN)/python tools/locks.py $(LOCKS_ARGS)
+
+# At release, after galaxy.yml's version is raised: the fragments become that version's entry in
+# changelogs/changelog.yaml and CHANGELOG.md is written again from it (docs/releasing.md).
+changelog: venv
+	$(BIN)/antsibull-changelog release
 
 # The collection tarball that execution-environment.yml installs, then the build context only.
 ee-context: venv

@@ -37,9 +37,13 @@ PARTS = ROOT / "tests" / "parts.yml"
 LOGS = ROOT / "build" / "test-logs"
 TIMES = ROOT / "build" / "test-times.json"
 TAIL = 80  # lines of a failed part's log printed on the console when it fails
-# Lines that say why a part failed (pytest, Molecule/Ansible, ansible-test, make), repeated after the
-# table: CI keeps only the end of the console output.
-CAUSE = re.compile(r"^(FAILED |ERROR|FATAL|fatal:|E   |make: \*\*\*)|Error:|AssertionError")
+# Lines that say why a part failed, repeated after the table (CI keeps only the end of the console
+# output): pytest, Molecule/Ansible, ansible-test and make; ansible-lint's rule lines and summary,
+# yamllint's errors, ruff's findings.
+CAUSE = re.compile(
+    r"^(FAILED |ERROR|FATAL|fatal:|E   |make: \*\*\*|Failed: )|Error:|AssertionError"
+    r"|^[\w-]+\[[\w-]+\]: |^\s+\d+:\d+\s+error\s|^\S+:\d+:\d+: [A-Z]+\d+ "
+)
 CAUSES = 12  # the last cause lines of each failed part printed after the table
 
 
