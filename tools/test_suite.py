@@ -39,10 +39,10 @@ TIMES = ROOT / "build" / "test-times.json"
 TAIL = 80  # lines of a failed part's log printed on the console when it fails
 # Lines that say why a part failed, repeated after the table (CI keeps only the end of the console
 # output): pytest, Molecule/Ansible, ansible-test and make; ansible-lint's rule lines and summary,
-# yamllint's errors, ruff's findings.
+# yamllint's errors, ruff's findings and the files ruff would reformat.
 CAUSE = re.compile(
     r"^(FAILED |ERROR|FATAL|fatal:|E   |make: \*\*\*|Failed: )|Error:|AssertionError"
-    r"|^[\w-]+\[[\w-]+\]: |^\s+\d+:\d+\s+error\s|^\S+:\d+:\d+: [A-Z]+\d+ "
+    r"|^[\w-]+\[[\w-]+\]: |^\s+\d+:\d+\s+error\s|^\S+:\d+:\d+: [A-Z]+\d+ |^\s+--> |would be reformatted"
 )
 CAUSES = 12  # the last cause lines of each failed part printed after the table
 

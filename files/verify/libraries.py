@@ -382,6 +382,13 @@ def _loader_source(folder: str, search_order: Sequence[tuple[str, str]]) -> str:
     return "none of LD_LIBRARY_PATH, /etc/ld.so.conf.d or the default folders (an RPATH/RUNPATH?)"
 
 
+def _as_listed(path: str, search_order: Sequence[tuple[str, str]]) -> str:
+    """``path``'s folder as the loader path names it: ``ldconfig -p`` prints the configured folder
+    (CUDA's ``lib64``), not the one links resolve to (``targets/x86_64-linux/lib``)."""
+    real = os.path.realpath(os.path.dirname(path))
+    return next((place for place, _source in search_order if os.path.realpath(place) == real), os.path.dirname(path))
+
+
 def stale_ahead_problem(
     record: dict[str, Any],
     expected_cudnn: str,
@@ -402,8 +409,8 @@ def stale_ahead_problem(
         f"pinned {pinned_path} ({pinned_version or 'version not in its name'}); the stack pins "
         f"{expected_cudnn}.{tf_rule}",
         f"remove or move {opened} (and the file it points to) out of {folder}, then run `ldconfig`; "
-        f"`ldconfig -p | grep {soname_stem(record['soname'])}` must then show {os.path.dirname(pinned_path)} "
-        f"first. {folder} is on the loader path through {_loader_source(folder, search_order)} (the "
+        f"`ldconfig -p | grep {soname_stem(record['soname'])}` must then list "
+        f"{_as_listed(pinned_path, search_order)}/{record['soname']} first. {folder} is on the loader path through {_loader_source(folder, search_order)} (the "
         f"loader searches LD_LIBRARY_PATH, then the {LD_SO_CONF_D} files in name order, then the "
         "default folders)",
     )

@@ -43,14 +43,13 @@ COMMAND_TAIL = re.compile(r"\s*Failed command was:.*$", re.DOTALL)
 
 
 def result_message(result: dict[str, Any]) -> str:
-    """Ansible's message of one result: ``msg``, or that of the first failed loop item, or the end of
-    ``stderr``; without the 2.19 ``Task failed:`` prefix and the quoted failed command, on one line,
-    at most :data:`MAX_CHARS` characters."""
-    text = result.get("msg")
-    if not text:
-        items = result.get("results") if isinstance(result.get("results"), list) else []
-        failed = [item for item in items if isinstance(item, dict) and item.get("failed")]
-        text = failed[0].get("msg") if failed else None
+    """Ansible's message of one result: those of its failed loop items (a loop's own ``msg`` is only
+    "One or more items failed"), else ``msg``, else the end of ``stderr``; without the 2.19
+    ``Task failed:`` prefix and the quoted failed command, on one line, at most :data:`MAX_CHARS`
+    characters."""
+    items = result.get("results") if isinstance(result.get("results"), list) else []
+    failed = [str(item["msg"]) for item in items if isinstance(item, dict) and item.get("failed") and item.get("msg")]
+    text = " | ".join(PREFIX.sub("", message) for message in failed) or result.get("msg")
     if not text:
         stderr = str(result.get("stderr") or "").strip().splitlines()
         text = stderr[-1] if stderr else f"rc={result.get('rc')}" if "rc" in result else "no message"

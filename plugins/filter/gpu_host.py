@@ -162,7 +162,8 @@ MESSAGES: dict[str, tuple[str, str]] = {
     ),
     "gpus_busy": (
         "The driver would change while GPUs run compute processes: {listed}.",
-        "Drain the host (stop those jobs) and rerun.",
+        "Drain the host (stop those jobs) and rerun. To change the driver under them anyway (they lose their "
+        "GPUs), skip this check (gpu_preflight_skip_checks: [gpus_busy]) and set nvidia_driver_allow_busy_gpus: true.",
     ),
     "gpu_count": (
         "{expected} GPUs expected, {seen} seen: {where}; bus IDs seen: {bus_ids}.",
@@ -311,6 +312,9 @@ def _gpus_seen(gpus: dict) -> tuple[int, str]:
     by_smi = f"nvidia-smi lists {smi}" if gpus.get("source") == "nvidia-smi" else "nvidia-smi gave no list"
     if pci is None:
         return smi, f"{by_smi}, the PCI bus could not be read"
+    if gpus.get("pci_source") == "sysfs":
+        folder = gpus.get("pci_devices_path") or "sysfs"
+        return max(smi, int(pci)), f"{by_smi}, {folder} (gpu_preflight_pci_devices_path) lists {pci} NVIDIA GPUs"
     return max(smi, int(pci)), f"{by_smi}, {gpus.get('pci_source') or 'the PCI bus'} shows {pci} on the PCI bus"
 
 

@@ -259,6 +259,14 @@ ansible_facts:
           returned: always
           type: str
           sample: sysfs
+        pci_devices_path:
+          description:
+            - The folder read for RV(ansible_facts.gpu_facts.pci_gpus) (O(pci_devices_path)) when
+              RV(ansible_facts.gpu_facts.pci_source) is C(sysfs), else empty; messages name it, so that a mistyped
+              path does not read as missing GPUs.
+          returned: always
+          type: str
+          sample: /sys/bus/pci/devices
         missing_from_nvidia_smi:
           description:
             - Bus IDs of GPUs on the PCI bus that nvidia-smi does not list.
@@ -620,6 +628,7 @@ def main() -> None:
             "report it with the output (in 'output') attached.",
             output=exc.output[:4000],
         )
+    facts["pci_devices_path"] = params["pci_devices_path"] if facts["pci_source"] == "sysfs" else ""
     module.exit_json(changed=False, ansible_facts={"gpu_facts": facts})
 
 

@@ -132,8 +132,10 @@ def test_a_failed_parts_error_lines_are_kept_for_the_end_of_the_output(tmp_path,
         "galaxy[no-repository]: galaxy.yaml should have a repository key for publication to Galaxy.",
         "  7:7       error    wrong indentation: expected 8 but found 6  (indentation)",
         "tools/x.py:3:1: F401 [*] `os` imported but unused",
+        "   --> tests/unit/test_y.py:780:23",
+        "1 file would be reformatted, 128 files already formatted",
     ]
     failing = part("sanity", "printf '%s\\n' " + " ".join(f"'{line}'" for line in lines) + "; exit 1")
     assert not run([failing], tmp_path=tmp_path, monkeypatch=monkeypatch)
-    assert suite.causes(failing) == lines[-6:]
+    assert suite.causes(failing) == lines[-8:]
     assert suite.causes(part("never-ran")) == []

@@ -130,10 +130,24 @@ def test_stale_cudnn_ahead_of_the_pinned_copy_names_both_and_why() -> None:
     )
     assert found["fix"].startswith(
         "Remove or move /usr/lib/x86_64-linux-gnu/libcudnn.so.8 (and the file it points to) out of "
-        "/usr/lib/x86_64-linux-gnu, then run `ldconfig`; `ldconfig -p | grep libcudnn.so` must then show "
-        "/usr/local/cuda-11.8/lib64 first. /usr/lib/x86_64-linux-gnu is on the loader path through "
+        "/usr/lib/x86_64-linux-gnu, then run `ldconfig`; `ldconfig -p | grep libcudnn.so` must then list "
+        "/usr/local/cuda-11.8/lib64/libcudnn.so.8 first. /usr/lib/x86_64-linux-gnu is on the loader path through "
         "/etc/ld.so.conf.d/x86_64-linux-gnu.conf ("
     )
+
+
+def test_stale_cudnn_fix_names_the_folder_as_ldconfig_lists_it(tmp_path) -> None:
+    # CUDA's runfile makes lib64 a link to targets/x86_64-linux/lib: the pinned copy resolves into
+    # the target folder, but `ldconfig -p` prints the configured lib64 path.
+    target = tmp_path / "cuda-11.8" / "targets" / "x86_64-linux" / "lib"
+    target.mkdir(parents=True)
+    (tmp_path / "cuda-11.8" / "lib64").symlink_to("targets/x86_64-linux/lib")
+    lib64 = str(tmp_path / "cuda-11.8" / "lib64")
+    stale = dict(rec("libcudnn.so.8", 8500, "8.5.0", STALE), found_as="/usr/lib/x86_64-linux-gnu/libcudnn.so.8")
+    order = libraries.loader_search_order(None, {**DEBIAN_CONF, "gpu-env.conf": [lib64]})
+    (found,) = libraries.compare_cudnn(stale, "8.6.0", (str(target / "libcudnn.so.8.6.0"), "8.6.0"), order)
+    assert f"must then list {lib64}/libcudnn.so.8 first" in found["fix"]
+    assert "targets" not in found["fix"]
 
 
 def test_stale_cudnn_found_through_ld_library_path_says_so() -> None:

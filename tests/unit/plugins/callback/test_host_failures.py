@@ -46,6 +46,21 @@ def test_message_of_a_loop_is_its_first_failed_item() -> None:
     assert host_failures.result_message(data) == "No package matching 'xz'"
 
 
+def test_message_of_a_loop_names_each_failed_item_not_the_loops_summary() -> None:
+    # What a looped assert (gpu_verify's "Fail this host when a check failed") returns.
+    data = {
+        "msg": "One or more items failed",
+        "results": [
+            {"failed": True, "msg": "Task failed: Stack tf212 on gpu-a failed verification: lock drift. Rerun."},
+            {"failed": False, "msg": "All assertions passed"},
+            {"failed": True, "msg": "Stack tf218 on gpu-a failed verification: no result"},
+        ],
+    }
+    assert host_failures.result_message(data) == (
+        "Stack tf212 on gpu-a failed verification: lock drift. Rerun. | Stack tf218 on gpu-a failed verification: no result"
+    )
+
+
 def test_message_without_msg_is_the_last_stderr_line_or_the_rc() -> None:
     assert host_failures.result_message({"stderr": "warning\nmake: *** [all] Error 2\n", "rc": 2}) == (
         "make: *** [all] Error 2"

@@ -407,7 +407,9 @@ def test_every_check_fires_in_order_with_its_exact_messages():
         {
             "check": "gpus_busy",
             "cause": "The driver would change while GPUs run compute processes: python3 (pid 4242).",
-            "fix": "Drain the host (stop those jobs) and rerun.",
+            "fix": "Drain the host (stop those jobs) and rerun. To change the driver under them anyway (they lose "
+            "their GPUs), skip this check (gpu_preflight_skip_checks: [gpus_busy]) and set "
+            "nvidia_driver_allow_busy_gpus: true.",
         },
         {
             "check": "skip_checks",
@@ -508,7 +510,7 @@ GPU_COUNT_FIX = (
 def no_driver(**over):
     """nvidia_gpu_facts of a host without a driver whose PCI bus was read from sysfs."""
     gpus = {"source": "sysfs", "count": 0, "gpus": [], "models": ["10de:20b2"], "nvlink_pairs": []}
-    gpus.update(pci_source="sysfs", pci_count=2, pci_gpus=SYSFS_2)
+    gpus.update(pci_source="sysfs", pci_count=2, pci_gpus=SYSFS_2, pci_devices_path="/sys/bus/pci/devices")
     gpus.update(over)
     return gpus
 
@@ -519,7 +521,8 @@ def test_fewer_gpus_than_expected_before_any_driver_names_the_bus_ids():
     assert result["problems"] == [
         {
             "check": "gpu_count",
-            "cause": "4 GPUs expected, 2 seen: nvidia-smi gave no list, sysfs shows 2 on the PCI bus; "
+            "cause": "4 GPUs expected, 2 seen: nvidia-smi gave no list, /sys/bus/pci/devices (gpu_preflight_pci_devices_path) "
+            "lists 2 NVIDIA GPUs; "
             "bus IDs seen: 0000:07:00.0, 0000:0f:00.0.",
             "fix": GPU_COUNT_FIX,
         }
@@ -537,12 +540,23 @@ def test_gpu_count_takes_the_larger_of_nvidia_smi_and_the_pci_bus():
     assert gpu_host.check_host(facts(gpus=fallen, expected_gpu_count=2))["ok"] is True
     (problem,) = gpu_host.check_host(facts(gpus=fallen, expected_gpu_count=3))["problems"]
     assert problem["cause"] == (
-        "3 GPUs expected, 2 seen: nvidia-smi lists 1, sysfs shows 2 on the PCI bus; "
+        "3 GPUs expected, 2 seen: nvidia-smi lists 1, /sys/bus/pci/devices (gpu_preflight_pci_devices_path) lists 2 "
+        "NVIDIA GPUs; "
         "bus IDs seen: 0000:07:00.0, 0000:0f:00.0."
     )
     # nvidia-smi lists more than the PCI bus shows (lspci could not see the passed-through GPUs).
     smi_only = no_driver(source="nvidia-smi", count=2, pci_source="lspci", pci_count=0, pci_gpus=[])
     assert gpu_host.check_host(facts(gpus=smi_only, expected_gpu_count=2))["ok"] is True
+
+
+def test_gpu_count_names_the_folder_it_read_and_its_variable():
+    # A mistyped gpu_preflight_pci_devices_path reads as "no GPUs": the cause must say where it looked.
+    empty = no_driver(pci_count=0, pci_gpus=[], pci_devices_path="/srv/pci-fixture/devcies")
+    (problem,) = gpu_host.check_host(facts(gpus=empty, expected_gpu_count=2))["problems"]
+    assert "/srv/pci-fixture/devcies (gpu_preflight_pci_devices_path) lists 0 NVIDIA GPUs" in problem["cause"]
+    by_lspci = no_driver(pci_source="lspci", pci_count=1, pci_gpus=SYSFS_2[:1], pci_devices_path="")
+    (problem,) = gpu_host.check_host(facts(gpus=by_lspci, expected_gpu_count=2))["problems"]
+    assert "lspci shows 1 on the PCI bus" in problem["cause"]
 
 
 def test_gpu_count_with_nothing_readable_says_so_and_can_be_skipped():

@@ -767,3 +767,18 @@ def test_sandbox_pci_fixture_matches_the_standin_nvidia_smi(tmp_path: Path, desc
     gpus = json.loads(description.read_text(encoding="utf-8"))["gpus"]
     expected = sorted(gpu_parsers.normalize_bus_id(gpu["pci_bus_id"]) for gpu in gpus)
     assert [gpu["pci_bus_id"] for gpu in gpu_parsers.parse_sysfs_pci(devices)] == expected
+
+
+def test_main_names_the_pci_folder_it_read(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # Preflight's gpu_count cause names this folder: a mistyped path must not read as missing GPUs.
+    root = sysfs_tree(tmp_path / "devices", {"0000:07:00.0": A100_3D})
+    host = host_for("no-driver", tools={"nvidia-smi": None, "lspci": "/usr/bin/lspci"})
+    facts = run_main(monkeypatch, capsys, {"pci_devices_path": str(root)}, host)["ansible_facts"]["gpu_facts"]
+    assert (facts["pci_source"], facts["pci_devices_path"], facts["pci_count"]) == ("sysfs", str(root), 1)
+    unread = run_main(
+        monkeypatch, capsys, {}, host_for("no-driver", tools={"nvidia-smi": None, "lspci": "/usr/bin/lspci"})
+    )
+    assert unread["ansible_facts"]["gpu_facts"]["pci_source"] == "lspci"
+    assert unread["ansible_facts"]["gpu_facts"]["pci_devices_path"] == ""
