@@ -30,7 +30,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import yaml
+from role_tasks import CONTROLLER, file_tasks, task_files, walk
 
 ROOT = Path(__file__).resolve().parents[2]
 WRITERS = {
@@ -46,15 +46,8 @@ WRITERS = {
     "ini_file",
     "tempfile",
 }
-CONTROLLER = {"localhost", "127.0.0.1"}
-INHERITED = ("delegate_to", "connection")
 OCTAL = re.compile(r"^[0-7]{3,4}$")
 SYMBOLIC = re.compile(r"^[ugoa]*[-+=][rwxXst]*$")
-
-
-def task_files() -> list[Path]:
-    folders = [*(ROOT / "roles").glob("*/tasks"), *(ROOT / "roles").glob("*/handlers"), ROOT / "playbooks"]
-    return sorted(p for folder in folders for p in folder.rglob("*.yml"))
 
 
 def module_of(task: dict) -> str | None:
@@ -64,32 +57,6 @@ def module_of(task: dict) -> str | None:
         if short in WRITERS or short == "fetch":
             return short
     return None
-
-
-def walk(tasks: list | None, inherited: dict) -> Iterator[tuple[dict, dict]]:
-    """Each task with the keywords it inherits from enclosing blocks, block sections walked."""
-    for task in tasks or []:
-        if not isinstance(task, dict):
-            continue
-        scope = dict(inherited, **{k: task[k] for k in INHERITED if k in task})
-        sections = [task[s] for s in ("block", "rescue", "always") if s in task]
-        if sections:
-            for section in sections:
-                yield from walk(section, scope)
-        else:
-            yield task, scope
-
-
-def file_tasks(path: Path) -> Iterator[tuple[dict, dict]]:
-    document = yaml.safe_load(path.read_text(encoding="utf-8")) or []
-    if path.parent.name != "playbooks":
-        yield from walk(document, {})
-        return
-    for play in document:
-        scope = {"delegate_to": "localhost"} if play.get("hosts") in CONTROLLER else {}
-        scope.update({k: play[k] for k in INHERITED if k in play})
-        for section in ("pre_tasks", "tasks", "post_tasks", "handlers"):
-            yield from walk(play.get(section), scope)
 
 
 def world_writable(mode: object) -> bool | None:
