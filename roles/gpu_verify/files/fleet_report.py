@@ -24,8 +24,10 @@ pin or the kernel module's version to compare it with; ``libraries.<name>``; a T
 the fit; ``lock`` with ``ok`` true or false, not run for a venv installed without a lock).  A check
 that did not run is never reported as passed.  A result without a verification document (no
 ``schema``, ``gpus``, ``libraries``, ``tensorflow`` or ``fit``: unreachable, failed before
-verification, not an object) has exactly one check, ``verification``, failed with the reason; its
-other checks are omitted everywhere (the tables' not-run cell reads ``all``).  A row's status stays
+verification, not an object) has the check ``verification`` failed with the reason, and each of
+the checks above up to ``fit`` not run (``null`` in JSON, skipped in JUnit, with the reason "the host
+was not verified: ..."); the tables' not-run cell reads ``all`` and the not-run lists leave them out
+(the host's one problem says why).  A row's status stays
 gpu_verify's verdict (``ok`` and no problems): a PASS row may list checks that
 did not run (the scaling figure on logical CPU devices, a driver without a pin), never as passed.
 
@@ -356,10 +358,12 @@ def check_outcomes(doc: Any, problems: list[dict[str, str]]) -> dict[str, dict[s
     """``{check: {"status": "pass"|"fail"|"not run", "passed": true|false|null, "reason"}}`` for one
     result: a check a problem names failed (reason: its cause); otherwise its section of the
     document decides (:data:`OUTCOMES`), and a check whose section is missing or holds no result
-    did not run.  A result without a verification document has the one failed check
-    ``verification`` (its other checks are not listed)."""
+    did not run.  A result without a verification document has the failed check ``verification``
+    (reason: the first problem's cause), then every check of :data:`CHECKS` not run."""
     if not has_document(doc):
-        return {NO_DOCUMENT_CHECK: _outcome(FAIL, str(problems[0].get("cause")) if problems else None)}
+        cause = str(problems[0].get("cause")) if problems else None
+        not_run = _outcome(NOT_RUN, f"the host was not verified: {cause or 'no verification result'}")
+        return {NO_DOCUMENT_CHECK: _outcome(FAIL, cause), **{name: dict(not_run) for name in CHECKS}}
     names = list(CHECKS) + [name for name in OPTIONAL_CHECKS if isinstance(doc.get(name), dict)]
     names += sorted({str(p.get("check")) for p in problems} - set(names))
     outcomes: dict[str, dict[str, Any]] = {}
@@ -616,12 +620,14 @@ def _details(
     report: dict[str, Any],
 ) -> tuple[list[str], list[tuple[str, dict[str, str]]], list[tuple[str, str, str]]]:
     """The notes, the problems as ``(row label, problem)`` and the checks that did not run as
-    ``(row label, check, reason)``."""
+    ``(row label, check, reason)`` (not those of a row without a verification: its one problem says
+    why, and its ``not run`` cell says ``all``)."""
     notes = [_note_line(name, host, note) for name, host in report["hosts"].items() for note in host["mode_notes"]]
     problems = [(p.get("stack", name), p) for name, host in report["hosts"].items() for p in host["problems"]]
     not_run = [
         (row["host"], check, outcome["reason"] or "no reason given")
         for row in _rows(report)
+        if row["not_run"] != "all"
         for check, outcome in row["checks"].items()
         if outcome["status"] == NOT_RUN
     ]
@@ -765,7 +771,7 @@ def _junit_case(suite: ET.Element, row: dict[str, Any], check: str, found: list[
 def format_junit(report: dict[str, Any]) -> str:
     """JUnit XML for CI dashboards: one test suite, one test case per row (host or host and stack)
     and check in the row's ``checks``: passed, failed or skipped (did not run); a row without a
-    verification document has the one failed case ``verification``."""
+    verification document has the failed case ``verification`` and its checks skipped (not run)."""
     suite = ET.Element("testsuite", name="gpu-fleet", timestamp=report["generated_at"])
     counts = {PASS: 0, FAIL: 0, NOT_RUN: 0}
     for name, host in report["hosts"].items():

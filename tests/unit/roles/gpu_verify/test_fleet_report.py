@@ -506,30 +506,40 @@ def test_a_problem_fails_its_check_and_optional_checks_follow_their_sections() -
 
 
 @pytest.mark.parametrize("host", ["gpu03", "gpu04", "garbage"])
-def test_a_host_without_a_verification_document_is_one_failed_case(host: str) -> None:
+def test_a_host_without_a_verification_document_is_one_failure_and_every_check_not_run(host: str) -> None:
     results = dict(RESULTS, garbage="not an object")
     report = fleet_report.build_report(results, None)
     row = report["hosts"][host]["rows"][0]
-    assert list(row["checks"]) == ["verification"] and row["checks"]["verification"]["passed"] is False
+    assert list(row["checks"]) == ["verification", *fleet_report.CHECKS]
+    assert row["checks"]["verification"]["passed"] is False
+    cause = report["hosts"][host]["problems"][0]["cause"]
+    for name in fleet_report.CHECKS:  # null in JSON, with the reason: never a pass
+        assert row["checks"][name] == {
+            "status": "not run",
+            "passed": None,
+            "reason": f"the host was not verified: {cause}",
+        }, name
     assert row["not_run"] == "all"
     suite = ET.fromstring(fleet_report.format_junit(report))
     cases = [c for c in suite.findall("testcase") if c.get("classname") == host]
-    assert len(cases) == 1 and cases[0].get("name") == "verification"
+    assert [c.get("name") for c in cases] == ["verification", *fleet_report.CHECKS]
     failure = cases[0].find("failure")
-    assert failure is not None and failure.get("message") == report["hosts"][host]["problems"][0]["cause"]
+    assert failure is not None and failure.get("message") == cause
     assert "Fix: " in failure.text
-    assert [c for c in cases if c.find("failure") is None] == []
+    assert all(c.find("skipped") is not None for c in cases[1:])
 
 
-def test_unreachable_host_in_junit_has_one_failure_with_the_reason_and_no_pass() -> None:
+def test_unreachable_host_in_junit_has_one_failure_with_the_reason_the_checks_skipped_and_no_pass() -> None:
     report = fleet_report.build_report({"gpu03": RESULTS["gpu03"]}, None)
     suite = ET.fromstring(fleet_report.format_junit(report))
-    (case,) = suite.findall("testcase")
+    case, *not_run = suite.findall("testcase")
     assert (case.get("classname"), case.get("name")) == ("gpu03", "verification")
     failure = case.find("failure")
     assert failure.get("type") == "unreachable"
     assert failure.get("message") == "Host unreachable: ssh: connect to host gpu03 port 22: No route to host"
-    assert (suite.get("tests"), suite.get("failures"), suite.get("skipped")) == ("1", "1", "0")
+    checks = len(fleet_report.CHECKS)
+    assert (suite.get("tests"), suite.get("failures"), suite.get("skipped")) == (str(1 + checks), "1", str(checks))
+    assert [c.get("name") for c in not_run] == list(fleet_report.CHECKS)
 
 
 @pytest.mark.parametrize(
