@@ -82,7 +82,7 @@ def test_collect_passes_the_failed_task_of_a_host_that_left_the_play():
     assert report["up"]["problems"][0]["cause"].startswith("The verification did not run on this host")
 
 
-def test_collected_podman_host_gets_the_container_fix_and_one_failed_junit_case():
+def test_collected_podman_host_gets_the_container_fix_and_one_failed_junit_case_per_host():
     hostvars = {"gpu-f3": {"ansible_connection": "containers.podman.podman"}, "gpu-f4": {}}
     report = fleet_report.build_report(gpu_report.gpu_verify_collect(["gpu-f3", "gpu-f4"], hostvars, []), None)
     (podman,) = report["hosts"]["gpu-f3"]["problems"]
@@ -90,12 +90,19 @@ def test_collected_podman_host_gets_the_container_fix_and_one_failed_junit_case(
     assert "`podman ps -a --filter name=gpu-f3`" in podman["fix"] and "SSH" not in podman["fix"]
     assert "SSH reachability and keys" in report["hosts"]["gpu-f4"]["problems"][0]["fix"]
     suite = ET.fromstring(fleet_report.format_junit(report))
-    assert [(c.get("classname"), c.get("name")) for c in suite.findall("testcase")] == [
-        ("gpu-f3", "verification"),
-        ("gpu-f4", "verification"),
+    cases = suite.findall("testcase")
+    assert [(c.get("classname"), c.get("name")) for c in cases] == [
+        (host, check) for host in ("gpu-f3", "gpu-f4") for check in ("verification", *fleet_report.CHECKS)
     ]
-    assert all(c.find("failure") is not None for c in suite.findall("testcase"))
-    assert (suite.get("tests"), suite.get("failures")) == ("2", "2")
+    # One failure per host; its checks did not run (skipped), none passed.
+    assert [c.get("name") for c in cases if c.find("failure") is not None] == ["verification"] * 2
+    assert all(c.find("skipped") is not None for c in cases if c.get("name") != "verification")
+    checks = len(fleet_report.CHECKS)
+    assert (suite.get("tests"), suite.get("failures"), suite.get("skipped")) == (
+        str(2 + 2 * checks),
+        "2",
+        str(2 * checks),
+    )
 
 
 def test_missing_venv_names_it_and_the_playbook_to_run():
