@@ -334,6 +334,30 @@ def test_check_mode_still_verifies_and_reports_a_broken_host(tmp_path_factory, s
     assert list(reports.iterdir()) == []
 
 
+def test_check_diff_names_outdated_scripts_without_printing_them(tmp_path_factory, fault_reports):
+    """--check --diff on a host whose verification scripts differ from the controller's: the run
+    says the host is not verified and why, and does not print the scripts' text (on a fresh host
+    that is thousands of lines that bury the plan)."""
+    marker = "# molecule-faults: a line not in the copy on the controller"
+    script = "/opt/gpu-verify/verify_common.py"
+    shell(A, f"echo '{marker}' >> {script}")
+    try:
+        run = run_playbook(
+            "playbooks/verify.yml",
+            os.environ["MOLECULE_INVENTORY_FILE"],
+            "--limit",
+            A,
+            "--check",
+            "--diff",
+            "-e",
+            f"gpu_verify_report_dir={tmp_path_factory.mktemp('diff')}",
+        )
+    finally:
+        shell(A, f"sed -i '$d' {script}")
+    assert "Not verified under --check" in run.stdout, run.stdout[-4000:]
+    assert marker not in run.stdout
+
+
 def test_a_run_that_stops_early_leaves_latest_at_the_last_completed_report(tmp_path_factory, fault_reports):
     """A multi-worker run on one host stops before the report: no new run folder, and `latest`
     still points at the last completed verification (whose folder name says when it ran)."""
