@@ -17,6 +17,9 @@ description:
     so a person watching a 20-minute install sees it move.
   - Ansible's own output prints only C(ASYNC POLL on <host>) with the job's id at each poll; this line adds
     the task and the time since the task started on that host.
+  - The lines go to standard output only under Ansible's default stdout callback. Under any other (such as
+    C(ansible.builtin.json), whose standard output scripts and CI parse as one document) they go to
+    standard error, where a person still sees them.
 requirements:
   - Enabled in C(ansible.cfg) (C(callbacks_enabled = gpu_fleet.tf_hosts.progress) under C([defaults])) or
     with C(ANSIBLE_CALLBACKS_ENABLED=gpu_fleet.tf_hosts.progress). The project's own C(ansible.cfg)
@@ -26,7 +29,11 @@ requirements:
 import time  # noqa: E402  (imports follow the documentation block, as ansible-test validate-modules requires)
 from typing import Any  # noqa: E402
 
+from ansible import constants as C  # noqa: E402
 from ansible.plugins.callback import CallbackBase  # noqa: E402
+
+# Ansible's default stdout callback, by its short and its full name.
+HUMAN_STDOUT = frozenset({"default", "ansible.builtin.default"})
 
 
 def elapsed(seconds: float) -> str:
@@ -47,9 +54,13 @@ class CallbackModule(CallbackBase):
     CALLBACK_NAME = "gpu_fleet.tf_hosts.progress"
     CALLBACK_NEEDS_ENABLED = True
 
-    def __init__(self, *args: Any, clock: Any = time.monotonic, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, clock: Any = time.monotonic, stdout_callback: str | None = None, **kwargs: Any
+    ) -> None:
         super().__init__(*args, **kwargs)
         self._clock = clock
+        # Another stdout callback's output may be parsed (json, yaml): the lines then go to stderr.
+        self._to_stderr = (stdout_callback or C.DEFAULT_STDOUT_CALLBACK) not in HUMAN_STDOUT
         # host -> (task name, start): a poll's own result is that of Ansible's internal async_status task.
         self._running: dict[str, tuple[str, float]] = {}
 
@@ -62,4 +73,4 @@ class CallbackModule(CallbackBase):
         host = result.host.get_name()
         name, began = self._running.get(host, (result.task_name, None))
         since = f"still running after {elapsed(self._clock() - began)}" if began is not None else "still running"
-        self._display.display(f"{host}: {name}: {since}")
+        self._display.display(f"{host}: {name}: {since}", stderr=self._to_stderr)

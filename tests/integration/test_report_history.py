@@ -73,4 +73,5 @@ def test_a_limited_run_merges_and_check_mode_writes_nothing(fresh_host, tmp_path
     checked = site(inventory, *args, "--check", playbook="playbooks/verify.yml")
     assert checked.returncode != 0
     assert "1 not in this run" in checked.stdout, checked.stdout[-4000:]  # the merged table, printed
+    assert "CHECK MODE (--check)" in checked.stdout and "(check mode: not written)" in checked.stdout
     assert sorted(str(p) for p in reports.rglob("*")) == before  # and nothing written or deleted

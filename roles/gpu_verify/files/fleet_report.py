@@ -634,12 +634,22 @@ def _details(
     return notes, problems, not_run
 
 
-def format_text(report: dict[str, Any]) -> str:
-    """Plain-text table (columns padded) with notes, causes and fixes below it."""
+# A --check run's printed report says at its top and in its summary that it is not a real run's.
+CHECK_MODE_TOP = (
+    "CHECK MODE (--check): the checks ran read-only on the hosts as they are now; nothing was changed "
+    "and this report was not written."
+)
+CHECK_MODE_SUMMARY = " (check mode: not written)"
+
+
+def format_text(report: dict[str, Any], check_mode: bool = False) -> str:
+    """Plain-text table (columns padded) with notes, causes and fixes below it; a --check run's says so
+    at its top and in its summary line."""
     headers = [title for _key, title in COLUMNS]
     rows = [[row[key] for key, _title in COLUMNS] for row in _rows(report)]
     widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip()]
+    lines = [CHECK_MODE_TOP, ""] if check_mode else []
+    lines.append("  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip())
     lines.append("  ".join("-" * w for w in widths))
     lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     summary = report["summary"]
@@ -647,6 +657,7 @@ def format_text(report: dict[str, Any]) -> str:
     lines.append(
         f"{summary_line(summary)}; generated {report['generated_at']}"
         + (f", run {report['run_id']}" if report.get("run_id") else "")
+        + (CHECK_MODE_SUMMARY if check_mode else "")
     )
     if report.get("multiworker"):
         lines.append(multiworker_line(report["multiworker"]))
@@ -871,7 +882,7 @@ def run(args: argparse.Namespace, results: dict[str, Any], now: datetime.datetim
     if not args.dry_run:
         folder = report_history.write_run(inventory_dir, now, report, render, args.keep, _write)
     return {
-        "table": format_text(report) + (f"\nWarning: {warning}\n" if warning else ""),
+        "table": format_text(report, check_mode=args.dry_run) + (f"\nWarning: {warning}\n" if warning else ""),
         "summary": report["summary"],
         "inventory": name,
         "run_dir": str(folder) if folder else None,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -33,7 +34,7 @@ def test_each_poll_names_the_host_the_task_that_started_there_and_its_time() -> 
     now = [100.0]
     callback = progress.CallbackModule(clock=lambda: now[0])
     shown: list[str] = []
-    callback._display = SimpleNamespace(display=shown.append)
+    callback._display = SimpleNamespace(display=lambda text, stderr: shown.append(text) if not stderr else None)
     callback.v2_runner_on_start(_host("gpu1"), SimpleNamespace(get_name=lambda: "Run NVIDIA's CUDA installer for 12.2"))
     now[0] = 130.0
     callback.v2_runner_on_start(_host("gpu2"), SimpleNamespace(get_name=lambda: "Install TensorFlow 2.18"))
@@ -49,7 +50,25 @@ def test_each_poll_names_the_host_the_task_that_started_there_and_its_time() -> 
     ]
 
 
-def test_a_real_polled_task_prints_its_progress(tmp_path) -> None:
+@pytest.mark.parametrize(
+    ("stdout_callback", "to_stderr"),
+    [
+        (None, False),
+        ("default", False),
+        ("ansible.builtin.default", False),
+        ("json", True),
+        ("ansible.builtin.json", True),
+    ],
+)
+def test_the_lines_go_to_stderr_under_any_other_stdout_callback(stdout_callback, to_stderr) -> None:
+    callback = progress.CallbackModule(clock=lambda: 0.0, stdout_callback=stdout_callback)
+    shown: list[tuple[str, bool]] = []
+    callback._display = SimpleNamespace(display=lambda text, stderr: shown.append((text, stderr)))
+    callback.v2_runner_on_async_poll(SimpleNamespace(host=_host("gpu1"), task_name="async_status"))
+    assert shown == [("gpu1: async_status: still running", to_stderr)]
+
+
+def _sleep_playbook(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
     """ansible-playbook with the project's ansible.cfg: a 5 s command polled every second."""
     playbook = tmp_path / "slow.yml"
     playbook.write_text(
@@ -66,7 +85,7 @@ def test_a_real_polled_task_prints_its_progress(tmp_path) -> None:
             """
         )
     )
-    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_FORCE_COLOR="0")
+    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_FORCE_COLOR="0", **env)
     bin_dir = Path(sys.executable).parent
     out = subprocess.run(
         [
@@ -86,8 +105,20 @@ def test_a_real_polled_task_prints_its_progress(tmp_path) -> None:
         timeout=120,
     )
     assert out.returncode == 0, out.stdout + out.stderr
+    return out
+
+
+def test_a_real_polled_task_prints_its_progress(tmp_path) -> None:
+    out = _sleep_playbook(tmp_path)
     lines = [line for line in out.stdout.splitlines() if ": still running after " in line]
     assert lines and all(line.startswith("localhost: Sleep a little: still running after ") for line in lines), (
         out.stdout
     )
     assert lines[-1].endswith(("3 s", "4 s", "5 s")), lines
+
+
+def test_json_output_stays_one_document_with_the_progress_on_stderr(tmp_path) -> None:
+    out = _sleep_playbook(tmp_path, ANSIBLE_STDOUT_CALLBACK="json")
+    document = json.loads(out.stdout)
+    assert document["stats"]["localhost"]["ok"] == 1
+    assert "localhost: Sleep a little: still running after " in out.stderr, out.stderr

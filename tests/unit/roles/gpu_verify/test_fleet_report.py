@@ -730,6 +730,15 @@ def test_dry_run_writes_and_deletes_nothing(tmp_path: Path) -> None:
     assert os.readlink(tmp_path / "lab" / "latest") == "20261201T170400Z"
     assert (done["written"], done["run_dir"], done["summary"]["not_in_run"]) == (False, None, 1)
     assert "1 not in this run" in done["table"]
+    lines = done["table"].splitlines()
+    assert lines[0] == fleet_report.CHECK_MODE_TOP
+    summary = next(line for line in lines if line.startswith("2 hosts: "))
+    assert summary.endswith("(check mode: not written)"), summary
+
+
+def test_a_written_report_does_not_say_check_mode(tmp_path: Path) -> None:
+    done = _cli(tmp_path, {"gpu01": passing_doc()}, T0)
+    assert "CHECK MODE" not in done["table"] and "check mode" not in done["table"]
 
 
 def test_an_unreadable_previous_report_is_named_and_not_merged(tmp_path: Path) -> None:
