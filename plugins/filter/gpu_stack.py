@@ -465,17 +465,20 @@ def cudnn_accepts(built: str, pinned: list[int]) -> bool:
 
 
 def _pick_artifact(manifest: dict, component: str, prefix: str, **match: Any) -> tuple[str, dict] | None:
-    """Newest manifest entry of ``component`` whose version starts with ``prefix``."""
+    """Newest manifest entry of ``component`` whose version starts with ``prefix``; of entries with the
+    same version, the last (gpu_preflight merges the built-in manifests first, then the overlays, so a
+    user's overlay entry wins over the built-in one for the same release)."""
     found = [
-        (name, entry)
-        for name, entry in manifest.items()
+        (position, name, entry)
+        for position, (name, entry) in enumerate(manifest.items())
         if entry.get("component") == component
         and _starts(str(entry.get("version")), prefix)
         and all(entry.get(k) == val for k, val in match.items())
     ]
     if not found:
         return None
-    return max(found, key=lambda item: _v(item[1]["version"]))
+    _position, name, entry = max(found, key=lambda item: (_v(item[2]["version"]), item[0]))
+    return name, entry
 
 
 def _artifact_record(name: str, entry: dict) -> dict:

@@ -54,19 +54,21 @@ def gpu_tf_stack_env(stack: dict, default_package: str = "tensorflow") -> dict[s
     return values
 
 
-def gpu_tf_kernel_spec(stack: dict, environment: dict[str, str]) -> dict[str, Any]:
-    """``{{ stack | gpu_fleet.tf_hosts.gpu_tf_kernel_spec(env) }}``: ``kernel.json`` for the stack
-    (Jupyter Client documentation, "Kernel specs"). Its ``env`` carries the stack's environment but
-    PATH, so the kernel starts bound and the venv's ``tf_stack.pth`` has nothing to redo."""
+def gpu_tf_kernel_spec(stack: dict, command: str) -> dict[str, Any]:
+    """``{{ stack | gpu_fleet.tf_hosts.gpu_tf_kernel_spec(tf_venv_command_path) }}``: ``kernel.json``
+    for the stack (Jupyter Client documentation, "Kernel specs"). The kernel starts through the host's
+    ``tf-stack run STACK --``, which prepends the stack's library folder and ``bin`` folders to the
+    user's ``LD_LIBRARY_PATH`` and ``PATH`` and then becomes the kernel (exec, same process): a spec's own
+    ``env`` would replace the user's values instead, and would not follow the stack's file."""
     cuda, cudnn = stack["cuda_toolkit"], stack["cudnn"]
+    python = f"{stack['venv']}/bin/python"
     return {
-        "argv": [f"{stack['venv']}/bin/python", "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "argv": [command, "run", stack["name"], "--", python, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
         "display_name": (
             f"TensorFlow {stack['tensorflow']['version']} ({stack['name']}: CUDA {cuda['series']}, "
             f"cuDNN {cudnn['series']})"
         ),
         "language": "python",
-        "env": {key: value for key, value in environment.items() if key != "PATH"},
         "metadata": {"tf_stack": stack["name"], "debugger": True},
     }
 

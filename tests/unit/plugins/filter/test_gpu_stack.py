@@ -949,6 +949,27 @@ def test_missing_sha256_names_the_overlay_the_entry_came_from():
     assert result["stacks"][0]["cudnn"]["archive"]["manifest"] == "/home/ops/overlay.yml"
 
 
+@pytest.mark.parametrize(
+    ("component", "series", "record", "field", "theirs"),
+    [
+        ("cudnn", "8.6", "cudnn", "archive", "cudnn-11.8-linux-x64-v8.6.0.163.tgz"),
+        ("cuda_toolkit", "11.8", "cuda_toolkit", "runfile", "cuda_11.8.0_mirror_linux.run"),
+    ],
+)
+def test_an_overlay_entry_wins_over_the_built_in_entry_of_the_same_release(component, series, record, field, theirs):
+    """gpu_preflight merges the overlays after the built-in manifests: of two entries of one release the
+    later wins (before, the tie kept the built-in entry and the overlay's file was never used)."""
+    manifest = _manifest()
+    name, built_in = next(
+        (n, e) for n, e in manifest.items() if e["component"] == component and str(e["version"]).startswith(series)
+    )
+    manifest[theirs] = dict(built_in, sha256="ab" * 32, manifest="/srv/overlay.yml")
+    picked = resolve({"name": "a", "tensorflow": "2.12"}, manifest=manifest)["stacks"][0][record][field]
+    assert (picked["file"], picked["manifest"]) == (theirs, "/srv/overlay.yml")
+    manifest[name] = manifest.pop(name)  # the built-in entry last: it wins
+    assert resolve({"name": "a", "tensorflow": "2.12"}, manifest=manifest)["stacks"][0][record][field]["file"] == name
+
+
 # --- stacks with state: absent (removal) -----------------------------------------------------------
 
 KEEP = {"name": "tf2.12", "tensorflow": "2.12", "cuda": "11.8", "cudnn": "8.6"}

@@ -82,14 +82,21 @@ def test_stack_env_of_an_unresolved_stack_names_what_is_missing():
         gpu_tf_stack_env({"name": "tf2.12", "venv": "/opt/x"})
 
 
-def test_kernel_spec_runs_the_venv_python_bound_to_its_stack():
+def test_kernel_spec_runs_the_venv_python_through_tf_stack_run():
     stack = resolved("tf2.18", Path("/opt/tensorflow/2.18"), "12.5.1", Path("/usr/local/cuda-12.5"), "9.3.0.75")
-    env = gpu_tf_stack_env(stack)
-    spec = gpu_tf_kernel_spec(stack, env)
-    assert spec["argv"][:3] == ["/opt/tensorflow/2.18/bin/python", "-m", "ipykernel_launcher"]
+    spec = gpu_tf_kernel_spec(stack, "/usr/local/bin/tf-stack")
+    assert spec["argv"][:7] == [
+        "/usr/local/bin/tf-stack",
+        "run",
+        "tf2.18",
+        "--",
+        "/opt/tensorflow/2.18/bin/python",
+        "-m",
+        "ipykernel_launcher",
+    ]
     assert "{connection_file}" in spec["argv"]
     assert spec["display_name"] == "TensorFlow 2.15.1 (tf2.18: CUDA 12.5, cuDNN 9.3)"
-    assert spec["env"]["LD_LIBRARY_PATH"] == "/usr/local/cuda-12.5/lib64" and "PATH" not in spec["env"]
+    assert "env" not in spec  # Jupyter would replace the user's LD_LIBRARY_PATH with it
 
 
 # --- bind(): when the interpreter runs itself again ------------------------------------------------
@@ -251,10 +258,36 @@ def test_each_venv_loads_its_own_stack(two_stacks, name, context):
     assert_own_stack(probe(python, STACKS[name][3], CONTEXTS[context](other)), name, two_stacks)
 
 
-def test_a_jupyter_kernel_starts_bound_from_its_spec(two_stacks):
-    made = two_stacks["stacks"]["tf2.15"]
-    spec = gpu_tf_kernel_spec(resolved("tf2.15", made["venv"], "12.2.2", made["root"], "8.9.4.25"), made["env"])
-    assert_own_stack(probe(spec["argv"][0], "libcudart.so.12", dict(spec["env"])), "tf2.15", two_stacks)
+def _kernel_wrapper(two_stacks, name: str) -> tuple[list[str], str]:
+    """The kernel spec's command up to the interpreter (tf-stack run STACK --), and the interpreter."""
+    made = two_stacks["stacks"][name]
+    spec = gpu_tf_kernel_spec(resolved(name, made["venv"], "12.2.2", made["root"], "8.9.4.25"), str(TF_STACK_FILE))
+    python = spec["argv"].index("-m") - 1
+    return [sys.executable, *spec["argv"][:python]], spec["argv"][python]
+
+
+@pytest.mark.parametrize("bind", ["1", "0"], ids=["venv-bound", "binding-off"])
+def test_a_jupyter_kernel_starts_with_its_stack_and_keeps_the_users_library_path(two_stacks, bind):
+    """Started as Jupyter starts it (the spec's argv, the server's environment), with or without the
+    venv's own binding: the stack's libraries load, and the user's LD_LIBRARY_PATH stays after them."""
+    wrapper, python = _kernel_wrapper(two_stacks, "tf2.15")
+    other = two_stacks["stacks"]["tf2.12"]["root"]
+    user = {
+        "LD_LIBRARY_PATH": f"{other}/lib64:/opt/site/lib",
+        "PATH": "/usr/bin:/bin",
+        "TF_STACK_REGISTRY": str(two_stacks["registry"]),
+        "TF_STACK_BIND": bind,
+    }
+    assert_own_stack(probe(python, "libcudart.so.12", user, *wrapper), "tf2.15", two_stacks)
+    seen = subprocess.run(
+        [*wrapper, python, "-c", "import os; print(os.environ['LD_LIBRARY_PATH'])"],
+        env=user,
+        capture_output=True,
+        text=True,
+    )
+    assert seen.returncode == 0, seen.stderr
+    root = two_stacks["stacks"]["tf2.15"]["root"]
+    assert seen.stdout.strip().split(":") == [f"{root}/lib64", f"{other}/lib64", "/opt/site/lib"]
 
 
 def test_turning_the_binding_off_shows_it_is_what_chooses(two_stacks):
