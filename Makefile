@@ -68,6 +68,8 @@ demo: venv standins sandbox
 	$(BIN)/ansible-playbook site.yml -i inventories/sandbox
 	@echo
 	@cat reports/sandbox/latest/fleet-report.md
+	@echo
+	@echo "Fleet report (JSON, Markdown, HTML, JUnit): $(CURDIR)/reports/sandbox/$$(readlink reports/sandbox/latest)/"
 
 demo-clean:
 	tools/sandbox.sh down

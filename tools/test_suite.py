@@ -44,7 +44,9 @@ CAUSE = re.compile(
     r"^(FAILED |ERROR|FATAL|fatal:|E   |make: \*\*\*|Failed: )|Error:|AssertionError"
     r"|^[\w-]+\[[\w-]+\]: |^\s+\d+:\d+\s+error\s|^\S+:\d+:\d+: [A-Z]+\d+ |^\s+--> |would be reformatted"
 )
-CAUSES = 12  # the last cause lines of each failed part printed after the table
+CAUSES = 30  # the last cause lines of each failed part printed after the table
+# yamllint names the file on a line of its own above its error lines: that line is kept with them.
+YAMLLINT_ERROR = re.compile(r"^\s+\d+:\d+\s+(error|warning)\s")
 
 
 @dataclass
@@ -162,7 +164,16 @@ def causes(part: Part) -> list[str]:
     """The last lines of the part's log that say why it failed (the error lines of its tools)."""
     log = log_path(part)
     lines = log.read_text(errors="replace").splitlines() if log.exists() else []
-    return [line[:300] for line in lines if CAUSE.search(line)][-CAUSES:]
+    kept: list[str] = []
+    for number, line in enumerate(lines):
+        if not CAUSE.search(line):
+            continue
+        if YAMLLINT_ERROR.match(line):
+            path = next((text for text in reversed(lines[:number]) if text and not text[0].isspace()), None)
+            if path and path not in kept[-CAUSES:]:
+                kept.append(path[:300])
+        kept.append(line[:300])
+    return kept[-CAUSES:]
 
 
 def table(parts: list[Part], wall: float) -> str:

@@ -68,6 +68,7 @@ def test_a_limited_run_merges_and_check_mode_writes_nothing(fresh_host, tmp_path
     assert f'<testcase classname="{other}" name="verification"><skipped message="not in this run' in junit
     stats = run.stdout[run.stdout.index("CUSTOM STATS") :]
     assert '"not_in_run": 1' in stats and f'"run_dir": "{reports / "inventory" / report["run_folder"]}"' in stats
+    assert f"Written to {reports / 'inventory' / report['run_folder']} (JSON, Markdown, HTML, JUnit)" in run.stdout
 
     before = sorted(str(p) for p in reports.rglob("*"))
     checked = site(inventory, *args, "--check", playbook="playbooks/verify.yml")

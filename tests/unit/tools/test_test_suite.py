@@ -130,12 +130,21 @@ def test_a_failed_parts_error_lines_are_kept_for_the_end_of_the_output(tmp_path,
         "FAILED tests/unit/test_x.py::test_y - AssertionError: 1 != 2",
         "fatal: [gpu-sandbox]: FAILED! => {}",
         "galaxy[no-repository]: galaxy.yaml should have a repository key for publication to Galaxy.",
+        "plugins/filter/gpu_tf_kernel_spec.yml",  # yamllint's file line, kept with its error lines
         "  7:7       error    wrong indentation: expected 8 but found 6  (indentation)",
+        "  12:71     error    syntax error: mapping values are not allowed here (syntax)",
         "tools/x.py:3:1: F401 [*] `os` imported but unused",
         "   --> tests/unit/test_y.py:780:23",
         "1 file would be reformatted, 128 files already formatted",
     ]
     failing = part("sanity", "printf '%s\\n' " + " ".join(f"'{line}'" for line in lines) + "; exit 1")
     assert not run([failing], tmp_path=tmp_path, monkeypatch=monkeypatch)
-    assert suite.causes(failing) == lines[-8:]
+    assert suite.causes(failing) == lines[-10:]
     assert suite.causes(part("never-ran")) == []
+
+
+def test_no_more_than_the_last_cause_lines_are_kept(tmp_path, monkeypatch):
+    lines = [f"FAILED tests/unit/test_x.py::test_{number}" for number in range(100)]
+    failing = part("unit", "printf '%s\\n' " + " ".join(f"'{line}'" for line in lines) + "; exit 1")
+    assert not run([failing], tmp_path=tmp_path, monkeypatch=monkeypatch)
+    assert suite.causes(failing) == lines[-suite.CAUSES :]

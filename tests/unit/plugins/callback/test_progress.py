@@ -114,7 +114,9 @@ def test_a_real_polled_task_prints_its_progress(tmp_path) -> None:
     assert lines and all(line.startswith("localhost: Sleep a little: still running after ") for line in lines), (
         out.stdout
     )
-    assert lines[-1].endswith(("3 s", "4 s", "5 s")), lines
+    # The last poll comes near the end of the 5 s sleep; on a busy machine a poll or two later.
+    seconds = [int(line.rsplit(" ", 2)[1]) for line in lines]
+    assert seconds == sorted(seconds) and 3 <= seconds[-1] <= 10, lines
 
 
 def test_json_output_stays_one_document_with_the_progress_on_stderr(tmp_path) -> None:

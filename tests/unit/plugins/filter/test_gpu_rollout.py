@@ -314,7 +314,8 @@ def site_steps() -> list[list[tuple[str, str]]]:
     """site.yml's plays, each as its (role, entry point) steps in order."""
     plays = []
     for entry in _load("playbooks/site.yml"):
-        for play in _load("playbooks/" + entry["ansible.builtin.import_playbook"]):
+        imported = entry.get("ansible.builtin.import_playbook")
+        for play in _load("playbooks/" + imported) if imported else [entry]:
             steps = [_role_step(t) for t in _expand(play.get("pre_tasks"))]
             steps += [(r["role"].split(".")[-1], "main") for r in play.get("roles", [])]
             steps += [_role_step(t) for t in _expand(play.get("tasks")) + _expand(play.get("post_tasks"))]
@@ -328,10 +329,16 @@ def rollout_tasks() -> list[dict[str, Any]]:
     return _expand(block["block"])
 
 
+UNLOCK = ("gpu_preflight", "unlock")
+
+
 def test_reprovision_runs_site_yml_roles_and_entry_points_in_order():
+    """The same steps as site.yml, but the run lock's give-back: site.yml's last play, and in the
+    rollout the block's `always` (a failed host gives it back too)."""
     steps = [_role_step(t) for t in rollout_tasks()]
-    expected = [step for play in site_steps() for step in play]
+    expected = [step for play in site_steps() for step in play if step != UNLOCK]
     assert [s for s in steps if s and s[0] != "gpu_rollout"] == expected
+    assert site_steps()[-1] == [UNLOCK]
 
 
 def test_reprovision_flushes_handlers_where_site_yml_ends_a_play_with_a_handler_role():
@@ -361,9 +368,10 @@ def test_reprovision_guards_checks_and_drains_in_that_order_and_undrains_last():
 def test_a_failed_host_gets_its_batch_report_then_counts_against_max_fail_percentage():
     (play,) = _load("playbooks/reprovision.yml")
     always = play["tasks"][0]["always"]
-    assert [_role_step(t) for t in always] == [("gpu_rollout", "status"), ("gpu_verify", "report"), None]
+    assert [_role_step(t) for t in always] == [UNLOCK, ("gpu_rollout", "status"), ("gpu_verify", "report"), None]
     assert "ansible.builtin.fail" in always[-1]
-    assert all(t["when"] == "inventory_hostname not in ansible_play_hosts" for t in always)
+    assert "when" not in always[0]  # every host gives its run lock back, passed or failed
+    assert all(t["when"] == "inventory_hostname not in ansible_play_hosts" for t in always[1:])
 
 
 # --- the play's head and gpu_rollout's checks, on stand-in hosts -----------------------------------

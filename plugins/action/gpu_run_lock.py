@@ -1,0 +1,204 @@
+# Copyright: gpu-fleet maintainers
+# Apache License 2.0 (see galaxy.yml)
+"""Action plugin gpu_run_lock: one provisioning run changes a host at a time.
+
+The controller side of the run lock: it writes this run's record (controller, its ``ansible-playbook``
+process, user, start, playbooks) through the module of the same name, which takes the lock on the host
+under a ``flock``. A holder is stale when the host rebooted since it took the lock, or when it is a run
+of this same controller whose process is gone (killed, or ended after a failure): then it is replaced
+and the result says so. Any other holder is waited for, up to ``wait`` seconds, and then named in the
+failure. Documentation: plugins/modules/gpu_run_lock.py.
+"""
+
+from __future__ import annotations
+
+import datetime
+import getpass
+import os
+import socket
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from ansible.plugins.action import ActionBase
+
+MODULE = "gpu_fleet.tf_hosts.gpu_run_lock"
+POLL = 5  # seconds between two looks at a live holder's lock
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
+VALUE_OPTIONS = {
+    "-i",
+    "--inventory",
+    "-e",
+    "--extra-vars",
+    "-l",
+    "--limit",
+    "-t",
+    "--tags",
+    "--skip-tags",
+    "-u",
+    "--user",
+}
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return handle.read()
+    except OSError:
+        return None
+
+
+def process_start(pid: int) -> str | None:
+    """The process's start time since boot (proc(5), /proc/<pid>/stat field 22), which tells a live
+    process from a later one that got the same number; None where the process is gone."""
+    stat = _read(f"/proc/{pid}/stat")
+    return stat.rsplit(")", 1)[1].split()[19] if stat else None
+
+
+def playbooks(argv: list[str]) -> list[str]:
+    """The playbook arguments of an ``ansible-playbook`` command line (no option values: an extra
+    variable may hold a secret)."""
+    return [
+        arg
+        for before, arg in zip([""] + argv, argv)
+        if arg.endswith((".yml", ".yaml")) and before not in VALUE_OPTIONS and not arg.startswith("@")
+    ]
+
+
+def run_record(pid: int, now: datetime.datetime) -> dict[str, Any]:
+    """This run's record in the lock: who to name, and what tells whether it is still running."""
+    cmdline = (_read(f"/proc/{pid}/cmdline") or "").split("\0")
+    return {
+        "token": uuid.uuid4().hex,
+        "controller": socket.gethostname(),
+        "controller_boot_id": (_read(BOOT_ID) or "").strip() or None,
+        "pid": pid,
+        "pid_start": process_start(pid),
+        "user": getpass.getuser(),
+        "started": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "playbooks": playbooks(cmdline[1:]),
+    }
+
+
+def _age(holder: dict, now: datetime.datetime) -> float | None:
+    try:
+        started = datetime.datetime.strptime(str(holder.get("started")), "%Y-%m-%dT%H:%M:%SZ")
+    except ValueError:
+        return None
+    return (now - started.replace(tzinfo=datetime.timezone.utc)).total_seconds()  # noqa: UP017
+
+
+def stale_reason(
+    holder: dict,
+    host_boot_id: str,
+    me: dict,
+    started: Callable[[int], str | None],
+    now: datetime.datetime,
+    max_age: int,
+) -> str | None:
+    """Why the holder's run cannot be running any more, or None when it may be. ``started(pid)`` is
+    :func:`process_start` on this controller; ``me`` is this run's record."""
+    if holder.get("host_boot_id") and holder["host_boot_id"] != host_boot_id:
+        return "the host rebooted since that run took the lock"
+    age = _age(holder, now)
+    if age is not None and age > max_age:
+        return (
+            f"it was taken {age / 3600:.1f} h ago, longer than any run lasts "
+            f"(gpu_preflight_run_lock_max_age: {max_age} s)"
+        )
+    if holder.get("controller") != me["controller"] or not holder.get("pid"):
+        return None  # another controller's process cannot be looked at from here
+    if holder.get("controller_boot_id") and holder["controller_boot_id"] != me["controller_boot_id"]:
+        return f"the controller {me['controller']} rebooted since that run took the lock"
+    if started(int(holder["pid"])) != holder.get("pid_start"):
+        return f"its ansible-playbook process {holder['pid']} on {me['controller']} is gone"
+    return None
+
+
+def describe(holder: dict) -> str:
+    """``the run of ops on ctl1 (ansible-playbook process 4242: site.yml), started 2026-12-04T10:00:00Z``."""
+    if holder.get("unreadable"):
+        return f"an unreadable lock ({holder['unreadable']})"
+    books = ", ".join(holder.get("playbooks") or []) or "no playbook named"
+    return (
+        f"the run of {holder.get('user', '?')} on {holder.get('controller', '?')} "
+        f"(ansible-playbook process {holder.get('pid', '?')}: {books}), started {holder.get('started', '?')}"
+    )
+
+
+def waited_too_long(host: str, path: str, holder: dict, wait: int) -> str:
+    """The failure after ``wait`` seconds: the holder, what this run did, and each way on."""
+    return (
+        f"{path} on {host} is held by {describe(holder)}: one run changes a host at a time. This run waited "
+        f"{wait} s (gpu_preflight_run_lock_wait) and changed nothing on {host}. Let that run end and run again, or "
+        f"wait longer with gpu_preflight_run_lock_wait. If that run is gone (its controller stopped or lost the "
+        f"host), remove {path} on {host} and run again."
+    )
+
+
+class ActionModule(ActionBase):
+    """Takes (waiting for a live holder) or gives back the host's run lock."""
+
+    _supports_check_mode = True
+    _requires_connection = True
+
+    def run(self, tmp: Any = None, task_vars: dict | None = None) -> dict:
+        result = super().run(tmp, task_vars)
+        args = self._task.args
+        path, state = args.get("path"), args.get("state", "present")
+        if not path or state not in ("present", "absent"):
+            return dict(result, failed=True, msg="gpu_run_lock: give path, and state present or absent")
+        if self._task.check_mode:
+            return dict(result, changed=False, msg="Under --check no run lock is taken or given back")
+        if state == "absent":
+            return self._give_back(result, path, args.get("token"), task_vars or {})
+        return self._take(result, path, int(args.get("wait", 300)), int(args.get("max_age", 43200)), task_vars or {})
+
+    def _call(self, module_args: dict, task_vars: dict) -> dict:
+        return self._execute_module(module_name=MODULE, module_args=module_args, task_vars=task_vars)
+
+    def _give_back(self, result: dict, path: str, token: str | None, task_vars: dict) -> dict:
+        if not token:
+            return dict(result, changed=False, msg="This run holds no run lock on this host")
+        done = self._call({"path": path, "state": "absent", "token": token}, task_vars)
+        return dict(result, **done)
+
+    def _take(self, result: dict, path: str, wait: int, max_age: int, task_vars: dict) -> dict:
+        # Ansible's workers are children of the ansible-playbook process.
+        record = run_record(os.getppid(), datetime.datetime.now(datetime.timezone.utc))  # noqa: UP017
+        host = task_vars.get("inventory_hostname", "the host")
+        deadline, replace, replaced, told = time.monotonic() + wait, None, None, False
+        while True:
+            done = self._call({"path": path, "state": "present", "record": record, "replace": replace}, task_vars)
+            if done.get("failed"):
+                return dict(result, **done)
+            if done["held"]:
+                return self._taken(result, host, path, dict(record, host_boot_id=done["boot_id"]), replaced)
+            holder = done["holder"]
+            now = datetime.datetime.now(datetime.timezone.utc)  # noqa: UP017
+            reason = stale_reason(holder, done["boot_id"], record, process_start, now, max_age)
+            if reason and holder.get("token"):
+                replace, replaced = holder["token"], dict(holder, stale=reason)
+                continue
+            if time.monotonic() >= deadline:
+                return dict(result, failed=True, holder=holder, msg=waited_too_long(host, path, holder, wait))
+            if not told:
+                self._display.display(
+                    f"{host}: waiting up to {wait} s for the run lock {path}, held by {describe(holder)}"
+                )
+                told = True
+            time.sleep(max(0.0, min(POLL, deadline - time.monotonic())))
+
+    @staticmethod
+    def _taken(result: dict, host: str, path: str, owner: dict, replaced: dict | None) -> dict:
+        """The result once the lock is held; a replaced stale holder is named in a warning."""
+        said = f"replaced the stale run lock {path} of {describe(replaced)}: {replaced['stale']}" if replaced else ""
+        return dict(
+            result,
+            changed=False,
+            owner=owner,
+            replaced=replaced,
+            msg=f"Took the run lock {path}" + (f"; {said}" if said else ""),
+            warnings=[f"{host}: {said}"] if said else [],
+        )

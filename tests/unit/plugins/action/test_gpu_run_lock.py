@@ -1,0 +1,179 @@
+"""gpu_run_lock: when another run's lock is stale, how a holder is named, the host's module taking and
+giving back the lock, and the whole action in real ansible-playbook runs on this machine."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+from ansible_collections.gpu_fleet.tf_hosts.plugins.action import gpu_run_lock
+from ansible_collections.gpu_fleet.tf_hosts.plugins.modules import gpu_run_lock as module
+
+ROOT = Path(__file__).resolve().parents[4]
+NOW = datetime.datetime(2026, 12, 4, 12, 0, tzinfo=datetime.timezone.utc)  # noqa: UP017
+ME = {"controller": "ctl1", "controller_boot_id": "cb1"}
+HOLDER = {
+    "token": "t1",
+    "controller": "ctl1",
+    "controller_boot_id": "cb1",
+    "pid": 4242,
+    "pid_start": "1000",
+    "user": "ops",
+    "started": "2026-12-04T11:50:00Z",
+    "playbooks": ["site.yml"],
+    "host_boot_id": "hb1",
+}
+
+
+def stale(holder: dict, started=lambda pid: "1000", host_boot_id: str = "hb1", max_age: int = 43200) -> str | None:
+    return gpu_run_lock.stale_reason(holder, host_boot_id, ME, started, NOW, max_age)
+
+
+def test_a_live_run_of_this_controller_is_not_stale():
+    assert stale(HOLDER) is None
+
+
+@pytest.mark.parametrize(
+    ("change", "started", "host_boot_id", "reason"),
+    [
+        ({}, lambda pid: None, "hb1", "its ansible-playbook process 4242 on ctl1 is gone"),
+        ({}, lambda pid: "2000", "hb1", "its ansible-playbook process 4242 on ctl1 is gone"),  # number reused
+        ({}, lambda pid: "1000", "hb2", "the host rebooted since that run took the lock"),
+        ({"controller_boot_id": "cb0"}, lambda pid: "1000", "hb1", "the controller ctl1 rebooted"),
+        ({"controller": "awx-job-7", "started": "2026-12-03T20:00:00Z"}, lambda pid: None, "hb1", "taken 16.0 h ago"),
+    ],
+    ids=["process-gone", "pid-reused", "host-rebooted", "controller-rebooted", "older-than-max-age"],
+)
+def test_a_holder_that_cannot_be_running_is_stale_and_says_why(change, started, host_boot_id, reason):
+    assert reason in (stale(HOLDER | change, started, host_boot_id) or "")
+
+
+def test_another_controllers_run_is_not_judged_by_this_controllers_processes():
+    assert stale(HOLDER | {"controller": "ctl2"}, started=lambda pid: None) is None
+
+
+def test_the_playbooks_of_a_command_line_leave_option_values_out():
+    argv = ["-i", "inv.yml", "-e", "@secrets.yml", "-e", "x=1.yml", "--limit", "a", "site.yml", "playbooks/verify.yml"]
+    assert gpu_run_lock.playbooks(argv) == ["site.yml", "playbooks/verify.yml"]
+
+
+def test_the_failure_names_the_holder_what_this_run_did_and_each_way_on():
+    text = gpu_run_lock.waited_too_long("gpu1", "/run/gpu-fleet/run.lock", HOLDER, 300)
+    assert (
+        "held by the run of ops on ctl1 (ansible-playbook process 4242: site.yml), started 2026-12-04T11:50:00Z" in text
+    )
+    assert "waited 300 s (gpu_preflight_run_lock_wait) and changed nothing on gpu1" in text
+    assert "remove /run/gpu-fleet/run.lock on gpu1" in text
+
+
+# --- the host's module (under the guard's flock) ------------------------------------------------------
+
+
+def test_the_module_takes_a_free_lock_and_refuses_a_held_one(tmp_path):
+    path = str(tmp_path / "run.lock")
+    assert module.locked(path, {"token": "a"}, None, "present", None, "hb1") == {"held": True}
+    assert json.loads(Path(path).read_text()) == {"token": "a", "host_boot_id": "hb1"}
+    refused = module.locked(path, {"token": "b"}, None, "present", None, "hb1")
+    assert refused == {"held": False, "holder": {"token": "a", "host_boot_id": "hb1"}}
+    assert module.locked(path, {"token": "b"}, "other", "present", None, "hb1")["held"] is False  # not its token
+    assert module.locked(path, {"token": "b"}, "a", "present", None, "hb1") == {"held": True}  # the stale one
+    assert json.loads(Path(path).read_text())["token"] == "b"
+
+
+def test_the_module_gives_back_only_its_own_lock(tmp_path):
+    path = str(tmp_path / "run.lock")
+    module.locked(path, {"token": "a"}, None, "present", None, "hb1")
+    assert module.locked(path, None, None, "absent", "b", "hb1") == {"held": False, "released": False}
+    assert Path(path).exists()
+    assert module.locked(path, None, None, "absent", "a", "hb1") == {"held": False, "released": True}
+    assert not Path(path).exists()
+
+
+def test_an_unreadable_lock_is_a_holder_without_a_token(tmp_path):
+    path = tmp_path / "run.lock"
+    path.write_text("{half")
+    done = module.locked(str(path), {"token": "a"}, None, "present", None, "hb1")
+    assert done["held"] is False and done["holder"]["token"] is None and "unreadable" in done["holder"]
+
+
+# --- the action in real runs: ansible-playbook on this machine ---------------------------------------
+
+PLAYBOOK = """\
+- hosts: localhost
+  gather_facts: false
+  tasks:
+    - name: Take the run lock
+      gpu_fleet.tf_hosts.gpu_run_lock: {{path: {path}, wait: {wait}}}
+      register: lock
+    - name: Show what was taken
+      ansible.builtin.debug: {{msg: "TOKEN={{{{ lock.owner.token }}}} PID={{{{ lock.owner.pid }}}}"}}
+"""
+
+
+def _play(tmp_path: Path, lock: Path, wait: int = 0) -> subprocess.CompletedProcess:
+    playbook = tmp_path / "take.yml"
+    playbook.write_text(PLAYBOOK.format(path=lock, wait=wait))
+    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_FORCE_COLOR="0")
+    argv = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", "localhost,", "-c", "local"]
+    argv += ["-e", f"ansible_python_interpreter={sys.executable}", str(playbook)]
+    return subprocess.run(argv, capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+
+
+def test_a_run_killed_with_the_lock_leaves_it_and_the_next_run_replaces_it_saying_so(tmp_path):
+    lock = tmp_path / "lock" / "run.lock"
+    first = _play(tmp_path, lock)
+    assert first.returncode == 0, first.stdout + first.stderr
+    held = json.loads(lock.read_text())  # never given back: the run ended as a killed one would
+    assert f"PID={held['pid']}" in first.stdout and held["playbooks"] == [str(tmp_path / "take.yml")]
+    second = _play(tmp_path, lock)
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert f"replaced the stale run lock {lock} of the run of {held['user']}" in second.stdout + second.stderr
+    assert f"its ansible-playbook process {held['pid']}" in second.stdout + second.stderr
+    assert json.loads(lock.read_text())["token"] != held["token"]
+
+
+def test_a_live_holder_is_waited_for_and_then_named(tmp_path):
+    lock = tmp_path / "lock" / "run.lock"
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        holder = dict(
+            gpu_run_lock.run_record(sleeper.pid, NOW),
+            host_boot_id=Path(gpu_run_lock.BOOT_ID).read_text().strip(),
+            started=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),  # noqa: UP017
+        )
+        lock.parent.mkdir()
+        lock.write_text(json.dumps(holder))
+        run = _play(tmp_path, lock, wait=2)
+    finally:
+        sleeper.kill()
+    assert run.returncode != 0
+    assert f"waiting up to 2 s for the run lock {lock}, held by the run of {holder['user']}" in run.stdout
+    assert f"(ansible-playbook process {sleeper.pid}: no playbook named)" in run.stdout
+    assert "This run waited 2 s (gpu_preflight_run_lock_wait)" in run.stdout
+    assert json.loads(lock.read_text())["token"] == holder["token"]
+
+
+def test_a_holder_that_ends_while_waited_for_hands_over(tmp_path):
+    """The waiting run takes the lock once the holder gives it back, within its wait."""
+    lock = tmp_path / "lock" / "run.lock"
+    sleeper = subprocess.Popen(["sleep", "60"])
+    holder = dict(
+        gpu_run_lock.run_record(sleeper.pid, NOW), host_boot_id=Path(gpu_run_lock.BOOT_ID).read_text().strip()
+    )
+    holder["started"] = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")  # noqa: UP017
+    lock.parent.mkdir()
+    lock.write_text(json.dumps(holder))
+    threading.Timer(3, lock.unlink).start()
+    try:
+        run = _play(tmp_path, lock, wait=60)
+    finally:
+        sleeper.kill()
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "waiting up to 60 s" in run.stdout and "replaced" not in run.stdout
+    assert json.loads(lock.read_text())["token"] != holder["token"]
