@@ -186,7 +186,12 @@ MESSAGES: dict[str, Message] = {
         "cuda",
         "No CUDA {pin} runfile is in the artifact manifest.",
         "Add its cuda_{pin}*_linux.run entry with a sha256 to an artifact manifest "
-        "(gpu_preflight_manifest_overlays), or pin a CUDA release the manifest has.",
+        "(gpu_preflight_manifest_overlays), or pin a CUDA release the manifest has: {have}.",
+    ),
+    "cuda_release_unknown": Message(
+        "cuda",
+        "CUDA {pin} is not a CUDA release the version matrix knows, and the artifact manifest has no runfile for it.",
+        "Pin a CUDA release the manifest has: {have}.",
     ),
     "cuda_min_driver_missing": Message(
         "cuda",
@@ -586,7 +591,13 @@ def _pick_cuda(name: str, cuda_pin: str, matrix: dict, manifest: dict) -> tuple[
     Corresponding Driver Versions", https://docs.nvidia.com/cuda/cuda-toolkit-release-notes/)."""
     picked = _pick_artifact(manifest, "cuda_toolkit", cuda_pin)
     if picked is None:
-        return None, [_problem(name, "cuda_runfile_missing", pin=cuda_pin)]
+        # The releases of the pin's major the manifest has (another major is another TensorFlow build).
+        major = cuda_pin.split(".")[0]
+        runfiles = [str(e.get("version")) for e in manifest.values() if e.get("component") == "cuda_toolkit"]
+        have = sorted({version for version in runfiles if _starts(version, major)}, key=_v)
+        known = any(_starts(str(version), cuda_pin) for version in matrix["cuda"])
+        code = "cuda_runfile_missing" if known else "cuda_release_unknown"
+        return None, [_problem(name, code, pin=cuda_pin, have=", ".join(have) or f"none of CUDA {major}")]
     runfile, entry = picked
     version = str(entry["version"])
     problems = []

@@ -352,7 +352,16 @@ def test_cuda_runfile_missing_from_manifest():
     result = resolve({"name": "a", "tensorflow": "2.12"}, manifest=manifest)
     assert result["messages"] == [
         "a: No CUDA 11.8 runfile is in the artifact manifest. Add its cuda_11.8*_linux.run entry with a sha256 "
-        "to an artifact manifest (gpu_preflight_manifest_overlays), or pin a CUDA release the manifest has."
+        "to an artifact manifest (gpu_preflight_manifest_overlays), or pin a CUDA release the manifest has: "
+        "none of CUDA 11."
+    ]
+
+
+def test_a_cuda_release_nvidia_never_shipped_is_named_so_with_the_releases_of_its_major():
+    result = resolve({"name": "a", "tensorflow": "2.12", "cuda": "11.9"})
+    assert result["messages"] == [
+        "a: CUDA 11.9 is not a CUDA release the version matrix knows, and the artifact manifest has no runfile "
+        "for it. Pin a CUDA release the manifest has: 11.8.0."
     ]
 
 
