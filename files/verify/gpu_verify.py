@@ -19,6 +19,8 @@ Steps, in order:
    group, killed as a group after ``--timeout`` seconds (a hung NCCL all-reduce never returns).
    It also reports TensorFlow's version and build info, compared here with the loaded libraries
    and ``--expect-tensorflow``, and the library files TensorFlow itself mapped.
+4. ``default`` (the default stack only, ``--default-symlink``): ``/usr/local/cuda`` and a login
+   shell's ``CUDA_HOME`` and ``nvcc`` point at this stack's toolkit (``pointers.py``).
 
 ``--multiworker``: the fit runs ``fit.py --multiworker`` (MultiWorkerMirroredStrategy over the
 workers in the TF_CONFIG environment variable, which the fit inherits); every worker runs this
@@ -34,6 +36,7 @@ Output document (schema 1)::
      "libcudart": {...}, "libcudnn": {...}}, "tensorflow": {"version", "is_cuda_build",
      "build_info", "gpus", "error"}, "fit": {fit result, "timed_out", "returncode"},
      "lock": {"path", "sha256", "pins", "ok", "drift", "note"} (venv_lock.py),
+     "default": null | {"symlink", "points_at", "cuda_home", "nvcc", "ok"} (pointers.py),
      "problems": [{"check", "cause", "fix"}], "expected": {"gpus", "driver", "cuda", "cudnn",
      "tensorflow"}, "seconds", "multiworker": null | {"workers", "task_index", "is_chief",
      "cluster": ["host:port", ...], "num_replicas_in_sync", "samples_per_second"}}
@@ -60,6 +63,7 @@ from typing import Any
 import fabricmanager
 import gpu_count
 import libraries
+import pointers
 import venv_lock
 from fit import MULTIWORKER_FIX, NCCL_HANG_FIX, OOM_CAUSE, TFConfigError, add_fit_arguments, parse_tf_config
 from gpu_parsers import SAMPLE_FIELDS, parse_samples
@@ -620,6 +624,9 @@ def verify(args: argparse.Namespace) -> dict[str, Any]:
     }
     problems += fit_problems(args, fit, tf_info, libs, gpus)
     problems += judge_scaling(scaling, args.cpu_replicas)
+    root = args.cuda_root or f"/usr/local/cuda-{args.expect_cuda}"
+    default = pointers.check(root, args.default_symlink) if args.default_symlink else None
+    problems += default.pop("problems") if default else []
 
     multiworker = multiworker_summary(fit, tf_config) if args.multiworker else None
     return {
@@ -635,6 +642,7 @@ def verify(args: argparse.Namespace) -> dict[str, Any]:
         "fabricmanager": {key: value for key, value in fabric.items() if key != "problems"},
         "libraries": libs,
         "lock": lock,
+        "default": default,
         "tensorflow": tf_info,
         "fit": fit,
         "scaling": scaling,
@@ -775,6 +783,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--mixed-precision", action="store_true", help="fit with the mixed_float16 policy")
     parser.add_argument("--stack", help="label for this TensorFlow stack, e.g. tf2.12")
+    parser.add_argument(
+        "--default-symlink",
+        metavar="PATH",
+        help="this is the host's default stack: check that PATH (/usr/local/cuda) and a login shell's CUDA_HOME "
+        "and nvcc point at its toolkit",
+    )
     parser.add_argument(
         "--lock",
         default=venv_lock.DEFAULT_LOCK,

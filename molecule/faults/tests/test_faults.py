@@ -89,15 +89,19 @@ def faults(standins: Path) -> dict[str, Fault]:
             f"cp {BACKUP}/gpus.json {GPUS_JSON}",
         ),
         "nan_loss": Fault("true", "true", extra_vars="gpu_verify_fit_learning_rate=1e30"),
+        # The default stack owns /usr/local/cuda: the link moved away (kept to put back).
+        "cuda_symlink_removed": Fault(
+            f"mkdir -p {BACKUP} && mv /usr/local/cuda {BACKUP}/cuda-link", f"mv {BACKUP}/cuda-link /usr/local/cuda"
+        ),
     }
 
 
-# Each round: {host: fault}; a fault with extra vars runs alone (they apply to the whole play).
+# Each round: {host: fault}; a fault's extra vars apply to the whole play (every host of its round).
 ROUNDS = [
     {A: "libcudnn_removed", B: "cudnn_8_5"},
     {A: "cuda12_runtime_first", B: "login_shells_only"},
     {A: "gpu_fell_off_bus", B: "module_mismatch"},
-    {A: "nan_loss"},
+    {A: "nan_loss", B: "cuda_symlink_removed"},  # B's fit gets nan_loss's learning rate too: its own check is asserted
 ]
 
 # fault -> (check, texts the cause must contain, text the fix must contain)
@@ -125,6 +129,11 @@ EXPECTED = {
         "reboot",
     ),
     "nan_loss": ("fit", ["Loss is not finite"], "learning rate"),
+    "cuda_symlink_removed": (
+        "default",
+        ["/usr/local/cuda is missing; the default stack's toolkit is /usr/local/cuda-11.8."],
+        "cuda_toolkit points /usr/local/cuda",
+    ),
 }
 
 

@@ -238,7 +238,7 @@ PASS, FAIL, NOT_RUN = "pass", "fail", "not run"
 # The checks every verification document answers, in report order; ``multiworker`` and ``scaling``
 # follow when the document has their section, then any other check a problem names.
 CHECKS = ("gpu_count", "driver", "libcuda", "libcudart", "libcudnn", "tensorflow", "fit")
-OPTIONAL_CHECKS = ("multiworker", "scaling", "lock")
+OPTIONAL_CHECKS = ("multiworker", "scaling", "lock", "default")
 # A result with none of these keys is no verification document (unreachable, failed early).
 DOCUMENT_KEYS = ("schema", "gpus", "libraries", "tensorflow", "fit")
 NO_DOCUMENT_CHECK = "verification"
@@ -326,6 +326,16 @@ def _lock_outcome(doc: Any, _outcomes: dict[str, Any]) -> tuple[str, str | None]
     return NOT_RUN, _get(doc, "lock", "note") or "the lock section holds no result"
 
 
+def _default_outcome(doc: Any, _outcomes: dict[str, Any]) -> tuple[str, str | None]:
+    """The default stack's pointers (gpu_verify.py's ``default`` section, pointers.py)."""
+    ok = _get(doc, "default", "ok")
+    if ok is True:
+        return PASS, None
+    if ok is False:
+        return FAIL, "a default pointer does not serve this stack"
+    return NOT_RUN, "the default section holds no result"
+
+
 def _lock_cell(doc: Any) -> str:
     """The first 12 hex digits of the venv's lock (its sha256 in full is in the result), ``none``
     for a venv installed without one, ``-`` when the result has no lock section."""
@@ -347,6 +357,7 @@ OUTCOMES = {
     "multiworker": _multiworker_outcome,
     "scaling": _scaling_outcome,
     "lock": _lock_outcome,
+    "default": _default_outcome,
 }
 
 

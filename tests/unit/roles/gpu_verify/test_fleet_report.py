@@ -805,3 +805,22 @@ def test_the_plan_header_counts_one_host_in_the_singular() -> None:
     assert fleet_plan.format_text(one).startswith(f"{fleet_plan.TITLE}. Inventory sandbox: 1 host, 0 would change")
     two = one | {"summary": fleet_plan.summarize({"a": {"changes": 1}, "b": {"changes": 0}})}
     assert "Inventory sandbox: 2 hosts, 1 would change, 1 nothing to do" in fleet_plan.format_text(two)
+
+
+def test_the_default_stacks_pointers_are_a_check_of_its_row_only() -> None:
+    default, other = passing_doc(), passing_doc()
+    default["default"] = {"symlink": "/usr/local/cuda", "points_at": "/usr/local/cuda-11.8", "ok": True}
+    report = fleet_report.build_report({"h": [default, other]}, None)
+    rows = report["hosts"]["h"]["rows"]
+    assert rows[0]["checks"]["default"] == {"status": "pass", "passed": True, "reason": None}
+    assert "default" not in rows[1]["checks"]
+
+
+def test_a_moved_default_symlink_fails_the_default_check_with_cause_and_fix() -> None:
+    doc = passing_doc()
+    doc["default"] = {"symlink": "/usr/local/cuda", "points_at": None, "ok": False}
+    cause = "/usr/local/cuda is missing; the default stack's toolkit is /usr/local/cuda-11.8."
+    doc.update(ok=False, problems=[{"check": "default", "cause": cause, "fix": "Rerun the playbook"}])
+    row = fleet_report.build_report({"h": [doc]}, None)["hosts"]["h"]["rows"][0]
+    assert row["status"] == "FAIL" and row["problems"] == "default"
+    assert row["checks"]["default"] == {"status": "fail", "passed": False, "reason": cause}
