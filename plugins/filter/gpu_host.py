@@ -42,6 +42,7 @@ import posixpath
 import re
 from typing import Any
 
+from ansible.errors import AnsibleFilterError
 from ansible_collections.gpu_fleet.tf_hosts.plugins.module_utils.gpu_parsers import parse_compute_apps
 
 MIB = 1024 * 1024
@@ -322,12 +323,19 @@ def _gpu_count(facts: dict) -> list[dict[str, Any]]:
     expected = facts.get("expected_gpu_count")
     if expected in (None, ""):
         return []
+    try:
+        wanted = int(expected)
+    except (TypeError, ValueError):
+        raise AnsibleFilterError(
+            f"gpu_preflight_expected_gpu_count (by default gpu_verify_expected_gpu_count) is {expected!r}, not a "
+            "number of GPUs. Set it to the count each host must show, such as 8."
+        ) from None
     gpus = facts.get("gpus") or {}
     seen, where = _gpus_seen(gpus)
-    if seen >= int(expected):
+    if seen >= wanted:
         return []
     bus_ids = sorted({g["pci_bus_id"] for g in (gpus.get("gpus") or []) + (gpus.get("pci_gpus") or [])})
-    return [{"expected": int(expected), "seen": seen, "where": where, "bus_ids": ", ".join(bus_ids) or "none"}]
+    return [{"expected": wanted, "seen": seen, "where": where, "bus_ids": ", ".join(bus_ids) or "none"}]
 
 
 def _mixed_models(facts: dict) -> list[dict[str, Any]]:

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from ansible.errors import AnsibleFilterError
 
 ROOT = Path(__file__).resolve().parents[4]
 sys.path.insert(0, str(ROOT / "plugins" / "filter"))
@@ -529,9 +530,15 @@ def test_fewer_gpus_than_expected_before_any_driver_names_the_bus_ids():
     ]
 
 
-@pytest.mark.parametrize("expected", [None, "", 1, 2])
+@pytest.mark.parametrize("expected", [None, "", 1, 2, "2"])
 def test_enough_gpus_or_no_expectation_passes(expected):
     assert gpu_host.check_host(facts(gpus=no_driver(), expected_gpu_count=expected))["ok"] is True
+
+
+def test_an_expected_count_that_is_no_number_names_the_variable():
+    """The setting is typed raw (its default is gpu_verify's, a template): the filter reads it."""
+    with pytest.raises(AnsibleFilterError, match=r"gpu_preflight_expected_gpu_count .* is 'three', not a number"):
+        gpu_host.check_host(facts(gpus=no_driver(), expected_gpu_count="three"))
 
 
 def test_gpu_count_takes_the_larger_of_nvidia_smi_and_the_pci_bus():
