@@ -453,6 +453,7 @@ def build_row(host: str, doc: Any) -> dict[str, Any]:
         "problems": ("TIMED OUT " if _get(doc, "fit", "timed_out") else "")
         + _cell(sorted({str(p.get("check")) for p in problems})),
         "not_run": _cell(not_run) if has_document(doc) else "all",
+        "default_stack": isinstance(_get(doc, "default"), dict),  # gpu_verify.py checked its pointers
         "checks": checks,
         "_problems": problems,
         **_row_notes(doc),
@@ -718,9 +719,22 @@ def format_markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+# A 1400 px window shows every column: the status, then each problem's cause, then the figures.
+HTML_FIRST = ("host", "status", "problems", "not_run")
+HTML_COLUMNS = (
+    tuple(c for c in COLUMNS if c[0] in HTML_FIRST[:2])
+    + tuple(
+        (key, "problems (check: cause)" if key == "problems" else title)
+        for key, title in COLUMNS
+        if key in HTML_FIRST[2:]
+    )
+    + tuple(c for c in COLUMNS if c[0] not in HTML_FIRST)
+)
 HTML_STYLE = (
-    "body{font-family:sans-serif;margin:1.5em}table{border-collapse:collapse}"
-    "th,td{border:1px solid #bbb;padding:.3em .6em;text-align:left}th{background:#eee}"
+    "body{font-family:sans-serif;font-size:13px;margin:1em}table{border-collapse:collapse;width:100%}"
+    "th,td{border:1px solid #bbb;padding:.25em .4em;text-align:left;vertical-align:top;overflow-wrap:anywhere}"
+    "th{background:#eee}td.problems{min-width:22em}td.lock{font-family:monospace}"
+    "span.default{background:#dde8ff;border-radius:3px;padding:0 .3em;margin-left:.3em;font-size:.9em}"
     "tr.pass td.status{background:#c8f0c8}tr.fail td.status{background:#f6c4c4}"
     "tr.fail{background:#fff4f4}li{margin:.3em 0}"
     "p#multiworker{padding:.3em .6em;display:inline-block}p#multiworker.pass{background:#c8f0c8}"
@@ -728,17 +742,30 @@ HTML_STYLE = (
 )
 
 
+def _html_cell(row: dict[str, Any], key: str, problems: list[tuple[str, dict[str, str]]]) -> str:
+    """One cell of the HTML table: the host with a ``default`` mark on its default stack's row, each
+    problem's check with its cause beside the status (the fixes are listed below the table)."""
+    esc = html.escape
+    if key == "host":
+        return esc(str(row["host"])) + ('<span class="default">default</span>' if row.get("default_stack") else "")
+    if key == "problems":
+        mine = [p for where, p in problems if where == row["host"]]
+        if mine:
+            return "<br>".join(f"<b>{esc(str(p.get('check')))}</b>: {esc(str(p.get('cause')))}" for p in mine)
+    return esc(str(row[key]))
+
+
 def format_html(report: dict[str, Any]) -> str:
     """Self-contained HTML page (inline CSS, no scripts): the table with a pass/fail colour per
     row, then the notes and every problem with its fix."""
     esc = html.escape
     summary = report["summary"]
-    head = "".join(f"<th>{esc(t)}</th>" for _key, t in COLUMNS)
+    head = "".join(f"<th>{esc(t)}</th>" for _key, t in HTML_COLUMNS)
+    notes, problems, not_run = _details(report)
     rows = []
     for row in _rows(report):
-        cells = "".join(f'<td class="{key}">{esc(str(row[key]))}</td>' for key, _title in COLUMNS)
+        cells = "".join(f'<td class="{key}">{_html_cell(row, key, problems)}</td>' for key, _title in HTML_COLUMNS)
         rows.append(f'<tr class="{"carried" if row.get("carried") else row["status"].lower()}">{cells}</tr>')
-    notes, problems, not_run = _details(report)
     items = "".join(
         f"<li><b>{esc(where)}</b> <code>{esc(str(p.get('check')))}</code>: {esc(str(p.get('cause')))}"
         f"<br>Fix: {esc(str(p.get('fix')))}</li>"

@@ -169,6 +169,7 @@ def test_rows_show_loaded_versions_and_columns() -> None:
         "mode": "gpu",
         "problems": "",
         "not_run": "",
+        "default_stack": False,
         "checks": {name: {"status": "pass", "passed": True, "reason": None} for name in fleet_report.CHECKS},
     }
     assert list(row["checks"]) == list(fleet_report.CHECKS)
