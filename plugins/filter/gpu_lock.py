@@ -4,12 +4,15 @@
 ``gpu_tf_lock_plan``: a stack's lock text (or none) -> whether tf_venv installs from it, or the
 problem (cause and fix) that stops the host in preflight.
 ``gpu_lock_drift``: a lock's text and a venv's ``{name: version}`` -> what differs.
+``gpu_lock_wheelhouse``: a lock's text and the wheelhouse's hashed files -> the wheels that are a pinned
+release but not the locked file.
 
 Each is documented in plugins/filter/<name>.yml.
 """
 
 from __future__ import annotations
 
+import posixpath
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
@@ -18,6 +21,7 @@ from ansible_collections.gpu_fleet.tf_hosts.plugins.module_utils.gpu_lock import
     lock_file_name,
     python_series,
     unlocked_requirements,
+    wheelhouse_problems,
 )
 
 LOCK_TOOL = "tools/locks.py"
@@ -96,6 +100,14 @@ def gpu_lock_drift(lock_text: str, installed: dict[str, str] | None) -> dict[str
     return lock_drift(lock_text, installed or {})
 
 
+def gpu_lock_wheelhouse(lock_text: str, wheels: list[dict[str, Any]] | None) -> list[str]:
+    """``{{ lock_text | gpu_fleet.tf_hosts.gpu_lock_wheelhouse(query('gpu_fleet.tf_hosts.artifact_sha256', ...)) }}``:
+    see ``wheelhouse_problems``; ``wheels`` are the lookup's ``{path, checksum}`` entries."""
+    return wheelhouse_problems(
+        lock_text or "", {posixpath.basename(w["path"]): w.get("checksum") or "" for w in wheels or []}
+    )
+
+
 class FilterModule:
     """Dependency lock filters."""
 
@@ -104,4 +116,5 @@ class FilterModule:
             "gpu_tf_lock_name": gpu_tf_lock_name,
             "gpu_tf_lock_plan": tf_lock_plan,
             "gpu_lock_drift": gpu_lock_drift,
+            "gpu_lock_wheelhouse": gpu_lock_wheelhouse,
         }

@@ -101,6 +101,43 @@ def parse_lock(text: str) -> dict[str, str]:
     return pins
 
 
+_HASH = re.compile(r"--hash[= ]sha256:([0-9a-fA-F]{64})")
+# A wheel's file name: {distribution}-{version}(-{build})?-{python}-{abi}-{platform}.whl (PEP 427,
+# "File name convention"); the distribution's own dashes are written as underscores.
+_WHEEL = re.compile(r"^(?P<name>[^-]+)-(?P<version>[^-]+)(-\d[^-]*)?-[^-]+-[^-]+-[^-]+\.whl$")
+
+
+def lock_hashes(text: str) -> dict[str, tuple[str, frozenset[str]]]:
+    """``{normalised name: (version, sha256 digests)}`` of every pin of a lock's text."""
+    found: dict[str, tuple[str, frozenset[str]]] = {}
+    for line in _logical_lines(text):
+        match = _PINNED.match(line)
+        if match and not line.startswith("-"):
+            digests = frozenset(h.lower() for h in _HASH.findall(line))
+            found[normalize_name(match.group(1))] = (match.group(2), digests)
+    return found
+
+
+def wheelhouse_problems(text: str, wheels: Mapping[str, str]) -> list[str]:
+    """The wheels of a wheelhouse (``{file name: sha256}``) that are a pinned release but not a file
+    the lock lists a hash for, each named with both digests. Other files (other releases, other
+    distributions, sdists) are left alone: pip installs only what the lock pins, by hash."""
+    pins = lock_hashes(text)
+    problems = []
+    for name, digest in sorted(wheels.items()):
+        match = _WHEEL.match(name)
+        if not match:
+            continue
+        version, digests = pins.get(normalize_name(match.group("name")), (None, frozenset()))
+        if version == match.group("version") and str(digest).lower() not in digests:
+            listed = ", ".join(sorted(d[:16] for d in digests)) or "none"
+            problems.append(
+                f"{name} is not the file the lock pins: its sha256 is {str(digest)[:16]}…, the lock lists "
+                f"{listed} for {match.group('name')}=={version}"
+            )
+    return problems
+
+
 def _pins(lock: object) -> dict[str, str]:
     """A lock given as its text or as parsed pins."""
     if isinstance(lock, Mapping):

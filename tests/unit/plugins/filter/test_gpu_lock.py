@@ -203,3 +203,39 @@ def test_the_shipped_inventories_stacks_have_their_locks():
             allowed = {py for py in pythons if f"{py}.0" in SpecifierSet(row["python"])}
             wanted |= {gpu_lock.lock_file_name(pin.get("package", "tensorflow"), version, py) for py in allowed}
     assert wanted and wanted <= {p.name for p in LOCKS.glob("*.txt")}
+
+
+# --- the wheelhouse against the lock (tf_venv's check before anything is pushed) --------------------
+
+SIX_SHA, NUMPY_SHA = "a" * 64, "b" * 64
+WHEEL_LOCK = (
+    f"six==1.17.0 \\\n    --hash=sha256:{SIX_SHA}\n"
+    f"numpy==1.24.3 \\\n    --hash=sha256:{'c' * 64} \\\n    --hash=sha256:{NUMPY_SHA}\n"
+)
+
+
+def test_the_locked_wheels_other_releases_and_other_files_pass():
+    wheels = {
+        "six-1.17.0-py2.py3-none-any.whl": SIX_SHA,
+        "numpy-1.24.3-cp311-cp311-manylinux_2_17_x86_64.manylinux2014_x86_64.whl": NUMPY_SHA.upper(),
+        "numpy-1.26.4-cp311-cp311-manylinux_2_17_x86_64.whl": "d" * 64,  # another release: not pinned
+        "requests-2.32.3-py3-none-any.whl": "e" * 64,  # not in this lock (another stack's)
+        "six-1.17.0.tar.gz": "f" * 64,  # not a wheel
+    }
+    assert gpu_lock.wheelhouse_problems(WHEEL_LOCK, wheels) == []
+
+
+def test_a_wheel_of_a_pinned_release_that_is_not_the_locked_file_is_named_with_both_digests():
+    wheels = {"six-1.17.0-py2.py3-none-any.whl": "0" * 64, "Numpy-1.24.3-1-cp311-cp311-linux_x86_64.whl": "1" * 64}
+    assert gpu_lock.wheelhouse_problems(WHEEL_LOCK, wheels) == [
+        "Numpy-1.24.3-1-cp311-cp311-linux_x86_64.whl is not the file the lock pins: its sha256 is "
+        f"1111111111111111…, the lock lists {NUMPY_SHA[:16]}, {'c' * 16} for Numpy==1.24.3",
+        "six-1.17.0-py2.py3-none-any.whl is not the file the lock pins: its sha256 is 0000000000000000…, the lock "
+        f"lists {SIX_SHA[:16]} for six==1.17.0",
+    ]
+
+
+def test_the_filter_takes_the_lookups_entries(tmp_path):
+    found = [{"path": f"{tmp_path}/six-1.17.0-py2.py3-none-any.whl", "exists": True, "checksum": "0" * 64}]
+    assert lock_filters.gpu_lock_wheelhouse(WHEEL_LOCK, found)[0].startswith("six-1.17.0-py2.py3-none-any.whl is not")
+    assert lock_filters.gpu_lock_wheelhouse(WHEEL_LOCK, []) == []
