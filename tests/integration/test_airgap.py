@@ -72,6 +72,9 @@ def test_bundle_alone_converges_a_fresh_host(bare_host, tmp_path):
         f"gpu_verify_report_dir={tmp_path}/reports",
     )
     assert run.returncode == 0, run.stdout[-4000:]
+    # pushed for the install, then removed once the venv was built (tf_venv_keep_wheelhouse is false)
+    assert "TASK [gpu_fleet.tf_hosts.tf_venv : Copy the wheelhouse to the host]" in run.stdout
+    assert podman(name, "test", "-e", "/var/cache/tf-wheelhouse").returncode == 1
     assert_locked(name, tmp_path)
     assert_drift_is_found_and_removed(name, inventory, bundle)
     conf = subprocess.run(
