@@ -49,6 +49,32 @@ def _artifacts_with(tmp_path: Path, *, legacy_contents: str) -> Path:
     return artifacts
 
 
+def _pin_digest(artifacts: Path, file: str) -> None:
+    """The stand-ins' manifest pins ``file`` as it now is."""
+    digest = subprocess.run(["sha256sum", str(artifacts / file)], capture_output=True, text=True).stdout.split()[0]
+    text = (artifacts / "artifacts.yml").read_text()
+    entry = text[text.index(f"  {file}:") :]
+    old = entry[entry.index('sha256: "') + 9 :][:64]
+    (artifacts / "artifacts.yml").write_text(text.replace(old, digest))
+
+
+def _artifacts_with_copies(tmp_path: Path) -> Path:
+    """The current-form archive repacked with its symbolic links stored as copies (``tar -h``), as a
+    repack or a zip round trip leaves it."""
+    artifacts = tmp_path / "copies"
+    shutil.copytree(STANDINS, artifacts, symlinks=True)
+    unpacked = tmp_path / "unpacked"
+    unpacked.mkdir()
+    subprocess.run(["tar", "-xJf", str(artifacts / CURRENT), "-C", str(unpacked)], check=True)
+    (artifacts / CURRENT).unlink()
+    top = CURRENT.removesuffix(".tar.xz")
+    subprocess.run(["tar", "-cJhf", str(artifacts / CURRENT), "-C", str(unpacked), top], check=True)
+    listing = subprocess.run(["tar", "-tvJf", str(artifacts / CURRENT)], capture_output=True, text=True).stdout
+    assert "libcudnn.so.8 ->" not in listing and "/libcudnn.so.8\n" in listing + "\n"  # a copy, no link
+    _pin_digest(artifacts, CURRENT)
+    return artifacts
+
+
 def _run(inventory: Path, artifacts: Path) -> subprocess.CompletedProcess:
     # Only this manifest: the built-in one lists the current-form 8.6.0.163 archive (without a sha256).
     extra = {
@@ -80,3 +106,19 @@ def test_older_tgz_archive_installs_and_other_contents_stop_before_copying(fresh
     loader = _exec(name, "ldconfig -p | grep 'libcudnn.so.8 '")
     assert f"=> {TREE}/lib64/libcudnn.so.8" in loader
     assert _exec(name, f"ls /var/cache/gpu-artifacts/cudnn/8.6.0.163/{LEGACY} 2>/dev/null") == ""
+
+
+def test_an_archive_whose_library_links_are_copies_gets_its_link_chain_back(fresh_host, tmp_path):
+    """ldconfig refuses such copies (is not a symbolic link) and the look sees no soname link: the
+    chain is made again at install, and a second run does not install again."""
+    name, inventory = fresh_host
+    artifacts = _artifacts_with_copies(tmp_path)
+    first = _run(inventory, artifacts)
+    assert first.returncode == 0, first.stdout[-3000:]
+    assert _exec(name, f"readlink {TREE}/lib64/libcudnn.so.8").strip() == "libcudnn.so.8.6.0"
+    assert _exec(name, f"readlink {TREE}/lib64/libcudnn.so").strip() == "libcudnn.so.8"
+    assert _exec(name, f"readlink {TREE}/lib64/libcudnn_ops_infer.so.8").strip() == "libcudnn_ops_infer.so.8.6.0"
+    assert f"=> {TREE}/lib64/libcudnn.so.8" in _exec(name, "ldconfig -p | grep 'libcudnn.so.8 '")
+    second = _run(inventory, artifacts)
+    assert second.returncode == 0, second.stdout[-3000:]
+    assert "TASK [gpu_fleet.tf_hosts.cudnn : Copy headers and libraries into" not in second.stdout
