@@ -319,6 +319,14 @@ def test_a_worker_that_cannot_be_reached_fails_the_cluster_in_time(tmp_path_fact
     assert chief["results"][0]["seconds"] < 45 + 60
 
 
+def _verify_check_on_a(reports: Path, *extra: str) -> subprocess.CompletedProcess:
+    """playbooks/verify.yml --check on host A alone, its report folder ``reports``."""
+    inventory = os.environ["MOLECULE_INVENTORY_FILE"]
+    return run_playbook(
+        "playbooks/verify.yml", inventory, "--limit", A, "--check", *extra, "-e", f"gpu_verify_report_dir={reports}"
+    )
+
+
 def test_check_mode_still_verifies_and_reports_a_broken_host(tmp_path_factory, standins, fault_reports):
     """--check changes nothing on the host, but the checks are read-only and run for real; the
     report is printed and not written (check mode changes nothing on the controller either)."""
@@ -326,15 +334,7 @@ def test_check_mode_still_verifies_and_reports_a_broken_host(tmp_path_factory, s
     reports = tmp_path_factory.mktemp("check")
     shell(A, fault.apply)
     try:
-        run = run_playbook(
-            "playbooks/verify.yml",
-            os.environ["MOLECULE_INVENTORY_FILE"],
-            "--limit",
-            A,
-            "--check",
-            "-e",
-            f"gpu_verify_report_dir={reports}",
-        )
+        run = _verify_check_on_a(reports)
     finally:
         shell(A, fault.undo)
     assert run.returncode != 0
@@ -351,16 +351,7 @@ def test_check_diff_names_outdated_scripts_without_printing_them(tmp_path_factor
     script = "/opt/gpu-verify/verify_common.py"
     shell(A, f"echo '{marker}' >> {script}")
     try:
-        run = run_playbook(
-            "playbooks/verify.yml",
-            os.environ["MOLECULE_INVENTORY_FILE"],
-            "--limit",
-            A,
-            "--check",
-            "--diff",
-            "-e",
-            f"gpu_verify_report_dir={tmp_path_factory.mktemp('diff')}",
-        )
+        run = _verify_check_on_a(tmp_path_factory.mktemp("diff"), "--diff")
     finally:
         shell(A, f"sed -i '$d' {script}")
     assert "Not verified under --check" in run.stdout, run.stdout[-4000:]
