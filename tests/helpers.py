@@ -75,3 +75,12 @@ def tf_python() -> str:
     if probe.returncode != 0:
         pytest.skip(f"{python} cannot import tensorflow: {probe.stderr.strip()[-200:]}")
     return python
+
+
+def localhost_playbook(playbook: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run ``playbook`` with this venv's ansible-playbook against localhost (local connection, this
+    interpreter) under the project's ansible.cfg; ``env`` adds to the environment."""
+    environ = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_FORCE_COLOR="0", **(env or {}))
+    argv = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", "localhost,", "-c", "local"]
+    argv += ["-e", f"ansible_python_interpreter={sys.executable}", str(playbook)]
+    return subprocess.run(argv, capture_output=True, text=True, env=environ, cwd=ROOT, timeout=120)

@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import datetime
 import json
-import os
 import subprocess
-import sys
 import threading
 from pathlib import Path
 
 import pytest
 from ansible_collections.gpu_fleet.tf_hosts.plugins.action import gpu_run_lock
 from ansible_collections.gpu_fleet.tf_hosts.plugins.modules import gpu_run_lock as module
+from helpers import localhost_playbook
 
 ROOT = Path(__file__).resolve().parents[4]
 NOW = datetime.datetime(2026, 12, 4, 12, 0, tzinfo=datetime.timezone.utc)  # noqa: UP017
@@ -119,10 +118,7 @@ PLAYBOOK = """\
 def _play(tmp_path: Path, lock: Path, wait: int = 0) -> subprocess.CompletedProcess:
     playbook = tmp_path / "take.yml"
     playbook.write_text(PLAYBOOK.format(path=lock, wait=wait))
-    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_FORCE_COLOR="0")
-    argv = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", "localhost,", "-c", "local"]
-    argv += ["-e", f"ansible_python_interpreter={sys.executable}", str(playbook)]
-    return subprocess.run(argv, capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+    return localhost_playbook(playbook)
 
 
 def test_a_run_killed_with_the_lock_leaves_it_and_the_next_run_replaces_it_saying_so(tmp_path):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -11,6 +10,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from helpers import localhost_playbook
 
 ROOT = Path(__file__).resolve().parents[4]
 sys.path.insert(0, str(ROOT / "plugins" / "callback"))
@@ -85,25 +85,7 @@ def _sleep_playbook(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
             """
         )
     )
-    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_FORCE_COLOR="0", **env)
-    bin_dir = Path(sys.executable).parent
-    out = subprocess.run(
-        [
-            str(bin_dir / "ansible-playbook"),
-            "-i",
-            "localhost,",
-            "-c",
-            "local",
-            "-e",
-            f"ansible_python_interpreter={sys.executable}",
-            str(playbook),
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        timeout=120,
-    )
+    out = localhost_playbook(playbook, env)
     assert out.returncode == 0, out.stdout + out.stderr
     return out
 

@@ -4,11 +4,10 @@ artifact_sha256 lookup) through the gpu_lock_wheelhouse filter, in a real ansibl
 from __future__ import annotations
 
 import hashlib
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
+
+from helpers import localhost_playbook
 
 ROOT = Path(__file__).resolve().parents[4]
 
@@ -38,15 +37,7 @@ def _run(tmp_path: Path, wheels: dict[str, bytes], locked: bytes) -> str:
     playbook.write_text(
         textwrap.dedent(PLAYBOOK.format(vars_file=ROOT / "roles/tf_venv/vars/main.yml", wheelhouse=house, lock=lock))
     )
-    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_FORCE_COLOR="0")
-    done = subprocess.run(
-        [str(Path(sys.executable).parent / "ansible-playbook"), "-i", "localhost,", "-c", "local", str(playbook)],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        timeout=120,
-    )
+    done = localhost_playbook(playbook)
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout
 
