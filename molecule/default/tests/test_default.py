@@ -231,7 +231,8 @@ def test_check_on_the_fresh_host_wrote_the_plan_of_what_converge_then_did():
 
 def test_check_on_the_provisioned_host_plans_only_the_drift_and_leaves_host_and_reports_alone(host, tmp_path):
     """site.yml --check on the converged host with /usr/local/cuda moved: the plan names that one change,
-    every other phase has nothing to do; the link stays moved, the previous report and latest stay."""
+    every other phase has nothing to do; the read-only checks see the host as it is and fail the default
+    stack's pointer check; the link stays moved, the previous report and latest stay."""
     old = tmp_path / MOLECULE_INVENTORY / "20260101T000000Z"
     old.mkdir(parents=True)
     (old / "fleet-report.json").write_text("{}")
@@ -244,7 +245,8 @@ def test_check_on_the_provisioned_host_plans_only_the_drift_and_leaves_host_and_
         assert host.file("/usr/local/cuda").linked_to == "/opt"
     finally:
         host.run(f"ln -sfn {CUDA} /usr/local/cuda")
-    assert run.returncode == 0, run.stdout[-4000:]
+    assert run.returncode != 0, run.stdout[-4000:]
+    assert f"/usr/local/cuda points at /opt, not at the default stack's toolkit {CUDA}." in run.stdout
     plan = json.loads((tmp_path / MOLECULE_INVENTORY / "plans" / "latest" / "plan.json").read_text())
     phases = plan["hosts"]["molecule-gpu-default"]["phases"]
     assert [p["line"] for p in phases if p["change"]] == [f"/usr/local/cuda would point at {CUDA}"]
