@@ -1,14 +1,13 @@
 """The run lock on a converged host (issue 26, item 1): two site.yml runs started together, and a run
 killed while it holds the lock, then run again.
 
-1. Two runs of site.yml started in the same second: one takes the lock; the other says it waits for
-   it, naming the holder, and goes on once the first gave it back. Both pass, the host is verified
-   and no lock is left.
-2. A run killed (SIGKILL of its process group, as test_interrupted.py kills) once it holds the lock
-   leaves the lock with its record; the next run names it as stale (its process is gone), replaces it,
-   passes and gives it back.
+A run killed (SIGKILL of its process group, as test_interrupted.py kills) once it holds the lock
+leaves the lock with its record. Then two runs of site.yml start in the same second: one names the
+killed run's lock as stale (its process is gone) and replaces it; the other says it waits for that
+one, naming it, and goes on once it gave the lock back. Both pass, the host is verified and no lock
+is left.
 
-About two minutes on an idle 2-core machine (three no-op runs, one of them waiting for another).
+About 80 s on an idle 2-core machine (two no-op runs, one waiting for the other).
 """
 
 from __future__ import annotations
@@ -49,34 +48,37 @@ def host(tmp_path_factory):
     stop_container(name)
 
 
-def test_two_runs_started_together_take_turns_and_the_host_ends_verified(host, tmp_path):
-    name, inventory = host
-    runs = [_start(inventory, tmp_path / "reports"), _start(inventory, tmp_path / "reports")]
-    outputs = [run.communicate(timeout=900)[0] for run in runs]
-    assert [run.returncode for run in runs] == [0, 0], "\n---\n".join(out[-3000:] for out in outputs)
-    waited = [
-        out for out in outputs if f"{name}: waiting up to 300 s for the run lock {LOCK}, held by the run of" in out
-    ]
-    assert len(waited) == 1, "exactly one run waits for the other"
-    assert "ansible-playbook process" in waited[0] and "site.yml" in waited[0]
-    assert _lock(name) is None, "the lock was not given back"
-    report = json.loads(latest_report(tmp_path / "reports", "inventory").read_text())
-    assert report["hosts"][name]["status"] == "PASS"
-
-
-def test_a_run_killed_with_the_lock_is_named_stale_by_the_next_run(host, tmp_path):
-    name, inventory = host
-    killed = _start(inventory, tmp_path / "reports")
+def _killed_with_the_lock(host: str, inventory: Path, reports: Path) -> dict:
+    """A run SIGKILLed (its process group, as test_interrupted.py kills) once it holds the lock; its record."""
+    killed = _start(inventory, reports)
     deadline = time.monotonic() + 300
-    while (held := _lock(name)) is None:
+    while (held := _lock(host)) is None:
         assert killed.poll() is None and time.monotonic() < deadline, "the run never took the lock"
         time.sleep(0.5)
     os.killpg(killed.pid, signal.SIGKILL)
     killed.wait()
-    assert _lock(name) == held, "a killed run cannot give its lock back"
-    rerun = _start(inventory, tmp_path / "reports")
-    output = rerun.communicate(timeout=900)[0]
-    assert rerun.returncode == 0, output[-4000:]
-    assert f"replaced the stale run lock {LOCK} of the run of {held['user']} on {held['controller']}" in output
-    assert f"its ansible-playbook process {held['pid']} on {held['controller']} is gone" in output
-    assert _lock(name) is None
+    assert _lock(host) == held, "a killed run cannot give its lock back"
+    return held
+
+
+def test_a_killed_runs_lock_is_replaced_and_two_runs_started_together_take_turns(host, tmp_path):
+    """After a run killed with the lock, two runs start in the same second: one replaces the stale lock,
+    naming it; the other waits for that one, naming it, and goes on once it gave the lock back. Both
+    pass, the host is verified and no lock is left."""
+    name, inventory = host
+    held = _killed_with_the_lock(name, inventory, tmp_path / "reports")
+    runs = [_start(inventory, tmp_path / "reports"), _start(inventory, tmp_path / "reports")]
+    outputs = [run.communicate(timeout=900)[0] for run in runs]
+    assert [run.returncode for run in runs] == [0, 0], "\n---\n".join(out[-3000:] for out in outputs)
+    stale = f"replaced the stale run lock {LOCK} of the run of {held['user']} on {held['controller']}"
+    replaced = [out for out in outputs if stale in out]
+    assert len(replaced) == 1, "exactly one run replaces the killed run's lock"
+    assert f"its ansible-playbook process {held['pid']} on {held['controller']} is gone" in replaced[0]
+    waited = [
+        out for out in outputs if f"{name}: waiting up to 300 s for the run lock {LOCK}, held by the run of" in out
+    ]
+    assert len(waited) == 1 and waited[0] is not replaced[0], "the other run waits for the one that took the lock"
+    assert "ansible-playbook process" in waited[0] and "site.yml" in waited[0]
+    assert _lock(name) is None, "the lock was not given back"
+    report = json.loads(latest_report(tmp_path / "reports", "inventory").read_text())
+    assert report["hosts"][name]["status"] == "PASS"
