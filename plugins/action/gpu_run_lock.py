@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime
 import getpass
+import hashlib
 import os
 import socket
 import time
@@ -69,12 +70,20 @@ def playbooks(argv: list[str]) -> list[str]:
 def run_record(pid: int, now: datetime.datetime) -> dict[str, Any]:
     """This run's record in the lock: who to name, and what tells whether it is still running."""
     cmdline = (_read(f"/proc/{pid}/cmdline") or "").split("\0")
+    controller, controller_boot_id, pid_start = (
+        socket.gethostname(),
+        (_read(BOOT_ID) or "").strip() or None,
+        process_start(pid),
+    )
+    # One token per run, not per host: inventory names that reach the same machine (aliases) share its
+    # lock file, and a run never waits for itself.
+    run = f"{controller}|{controller_boot_id}|{pid}|{pid_start}"
     return {
-        "token": uuid.uuid4().hex,
-        "controller": socket.gethostname(),
-        "controller_boot_id": (_read(BOOT_ID) or "").strip() or None,
+        "token": hashlib.sha256(run.encode()).hexdigest()[:32] if pid_start else uuid.uuid4().hex,
+        "controller": controller,
+        "controller_boot_id": controller_boot_id,
         "pid": pid,
-        "pid_start": process_start(pid),
+        "pid_start": pid_start,
         "user": getpass.getuser(),
         "started": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
         "playbooks": playbooks(cmdline[1:]),

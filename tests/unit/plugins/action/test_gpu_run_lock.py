@@ -173,3 +173,22 @@ def test_a_holder_that_ends_while_waited_for_hands_over(tmp_path):
     assert run.returncode == 0, run.stdout + run.stderr
     assert "waiting up to 60 s" in run.stdout and "replaced" not in run.stdout
     assert json.loads(lock.read_text())["token"] != holder["token"]
+
+
+def test_a_run_never_waits_for_itself(tmp_path):
+    """Inventory names that reach one machine (aliases) share its lock file: the second take by the same
+    run holds it at once (one token per run), where waiting would stop the run against itself."""
+    lock = tmp_path / "lock" / "run.lock"
+    playbook = tmp_path / "twice.yml"
+    playbook.write_text(
+        PLAYBOOK.format(path=lock, wait=0)
+        + f"    - name: Take it again, as another alias of the host would\n"
+        f"      gpu_fleet.tf_hosts.gpu_run_lock: {{path: {lock}, wait: 0}}\n"
+        "      register: again\n"
+        "    - name: Show the second token\n"
+        '      ansible.builtin.debug: {msg: "AGAIN={{ again.owner.token }}"}\n'
+    )
+    run = localhost_playbook(playbook)
+    assert run.returncode == 0, run.stdout + run.stderr
+    token = json.loads(lock.read_text())["token"]
+    assert f"TOKEN={token}" in run.stdout and f"AGAIN={token}" in run.stdout
