@@ -56,7 +56,10 @@ class Part:
     tier: str
     estimate: float
     needs: list[str] = field(default_factory=list)
-    alone: bool = False  # timed against waits of a few seconds: runs with no other part beside it
+    # True: nothing beside it (timed against waits of a few seconds). "offline": only offline parts beside
+    # it (its burst of network lookups must not meet another part's), which wait to run beside it.
+    alone: bool | str = False
+    offline: bool = False  # starts no container and reaches no network (lint, unit, sanity)
     result: str = "waiting"
     seconds: float = 0.0
     started: float = 0.0
@@ -74,6 +77,7 @@ def load(tier: str, only: list[str]) -> list[Part]:
             measured.get(name, spec["estimate"]),
             spec.get("needs", []),
             spec.get("alone", False),
+            spec.get("offline", False),
         )
         for name, spec in data["parts"].items()
         if spec.get("tier", "test") in tiers
@@ -95,7 +99,7 @@ class Runner:
 
     def _ready(self) -> Part | None:
         running = [p for p in self.parts if p.result == "running"]
-        if any(p.alone for p in running):
+        if any(p.alone is True for p in running):
             return None
         done = {p.name: p.result for p in self.parts}
         for part in sorted(self.parts, key=lambda p: -self._rank(p)):
@@ -105,9 +109,20 @@ class Runner:
             if any(state in ("failed", "not run") for state in states):
                 part.result = "not run"
                 continue
-            if all(state == "passed" for state in states) and not (part.alone and running):
+            if all(state == "passed" for state in states) and self._fits(part, running):
                 return part
         return None
+
+    def _fits(self, part: Part, running: list[Part]) -> bool:
+        """Whether ``part`` may start beside the ``running`` ones (:attr:`Part.alone`, :attr:`Part.offline`)."""
+        if part.alone is True:
+            return not running
+        if part.alone == "offline":
+            return all(p.offline for p in running)
+        if any(p.alone == "offline" for p in running):
+            return part.offline
+        # An offline part keeps for an offline-alone part that has still to run, to run beside it.
+        return not (part.offline and any(p.alone == "offline" and p.result == "waiting" for p in self.parts))
 
     def _rank(self, part: Part) -> float:
         """The part's estimate plus the longest chain of parts waiting for it: a part others need goes

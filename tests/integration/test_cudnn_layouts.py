@@ -86,6 +86,9 @@ def _run(inventory: Path, artifacts: Path) -> subprocess.CompletedProcess:
 
 
 def test_older_tgz_archive_installs_and_other_contents_stop_before_copying(fresh_host, tmp_path):
+    """Then, on the same host with cuDNN taken out again, an archive whose library links are copies
+    (ldconfig refuses such copies, and the look sees no soname link): the chain is made again at install,
+    and a second run does not install again."""
     name, inventory = fresh_host
 
     wrong = _run(inventory, _artifacts_with(tmp_path, legacy_contents="current"))
@@ -107,18 +110,14 @@ def test_older_tgz_archive_installs_and_other_contents_stop_before_copying(fresh
     assert f"=> {TREE}/lib64/libcudnn.so.8" in loader
     assert _exec(name, f"ls /var/cache/gpu-artifacts/cudnn/8.6.0.163/{LEGACY} 2>/dev/null") == ""
 
-
-def test_an_archive_whose_library_links_are_copies_gets_its_link_chain_back(fresh_host, tmp_path):
-    """ldconfig refuses such copies (is not a symbolic link) and the look sees no soname link: the
-    chain is made again at install, and a second run does not install again."""
-    name, inventory = fresh_host
-    artifacts = _artifacts_with_copies(tmp_path)
-    first = _run(inventory, artifacts)
+    _exec(name, f"rm -f {TREE}/lib64/libcudnn* {TREE}/include/cudnn*.h {TREE}/.gpu_fleet_cudnn.done && ldconfig")
+    copies = _artifacts_with_copies(tmp_path)
+    first = _run(inventory, copies)
     assert first.returncode == 0, first.stdout[-3000:]
     assert _exec(name, f"readlink {TREE}/lib64/libcudnn.so.8").strip() == "libcudnn.so.8.6.0"
     assert _exec(name, f"readlink {TREE}/lib64/libcudnn.so").strip() == "libcudnn.so.8"
     assert _exec(name, f"readlink {TREE}/lib64/libcudnn_ops_infer.so.8").strip() == "libcudnn_ops_infer.so.8.6.0"
     assert f"=> {TREE}/lib64/libcudnn.so.8" in _exec(name, "ldconfig -p | grep 'libcudnn.so.8 '")
-    second = _run(inventory, artifacts)
+    second = _run(inventory, copies)
     assert second.returncode == 0, second.stdout[-3000:]
     assert "TASK [gpu_fleet.tf_hosts.cudnn : Copy headers and libraries into" not in second.stdout

@@ -319,43 +319,34 @@ def test_a_worker_that_cannot_be_reached_fails_the_cluster_in_time(tmp_path_fact
     assert chief["results"][0]["seconds"] < 45 + 60
 
 
-def _verify_check_on_a(reports: Path, *extra: str) -> subprocess.CompletedProcess:
-    """playbooks/verify.yml --check on host A alone, its report folder ``reports``."""
-    inventory = os.environ["MOLECULE_INVENTORY_FILE"]
-    return run_playbook(
-        "playbooks/verify.yml", inventory, "--limit", A, "--check", *extra, "-e", f"gpu_verify_report_dir={reports}"
-    )
-
-
 def test_check_mode_still_verifies_and_reports_a_broken_host(tmp_path_factory, standins, fault_reports):
     """--check changes nothing on the host, but the checks are read-only and run for real; the
-    report is printed and not written (check mode changes nothing on the controller either)."""
+    report is printed and not written (check mode changes nothing on the controller either). With
+    --diff, a host whose verification scripts differ from the controller's is not verified and says
+    why, and the scripts' text is not printed (on a fresh host, thousands of lines that bury the plan)."""
     fault = faults(standins)["libcudnn_removed"]
     reports = tmp_path_factory.mktemp("check")
+    marker = "# molecule-faults: a line not in the copy on the controller"
+    script = "/opt/gpu-verify/verify_common.py"
     shell(A, fault.apply)
+    shell(B, f"echo '{marker}' >> {script}")
     try:
-        run = _verify_check_on_a(reports)
+        inventory = os.environ["MOLECULE_INVENTORY_FILE"]
+        run = run_playbook(
+            "playbooks/verify.yml", inventory, "--check", "--diff", "-e", f"gpu_verify_report_dir={reports}"
+        )
     finally:
         shell(A, fault.undo)
+        shell(B, f"sed -i '$d' {script}")
     assert run.returncode != 0
     assert re.search(rf"{re.escape(A)}( \([^)]*\))?\s+FAIL\s", run.stdout), run.stdout[-4000:]
     assert re.search(rf"{re.escape(A)}( \([^)]*\))? \[libcudnn\]: ", run.stdout), run.stdout[-4000:]
-    assert list(reports.iterdir()) == []
-
-
-def test_check_diff_names_outdated_scripts_without_printing_them(tmp_path_factory, fault_reports):
-    """--check --diff on a host whose verification scripts differ from the controller's: the run
-    says the host is not verified and why, and does not print the scripts' text (on a fresh host
-    that is thousands of lines that bury the plan)."""
-    marker = "# molecule-faults: a line not in the copy on the controller"
-    script = "/opt/gpu-verify/verify_common.py"
-    shell(A, f"echo '{marker}' >> {script}")
-    try:
-        run = _verify_check_on_a(tmp_path_factory.mktemp("diff"), "--diff")
-    finally:
-        shell(A, f"sed -i '$d' {script}")
-    assert "Not verified under --check" in run.stdout, run.stdout[-4000:]
+    assert (
+        f"Not verified under --check: the verification scripts in /opt/gpu-verify are missing or outdated on {B}"
+        in " ".join(run.stdout.split())
+    )
     assert marker not in run.stdout
+    assert list(reports.iterdir()) == []
 
 
 def test_a_run_that_stops_early_leaves_latest_at_the_last_completed_report(tmp_path_factory, fault_reports):
