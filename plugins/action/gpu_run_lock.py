@@ -183,6 +183,8 @@ class ActionModule(ActionBase):
             if done.get("failed"):
                 return dict(result, **done)
             if done["held"]:
+                # The stale holder may have been replaced by another run meanwhile, which then gave the lock back.
+                replaced = replaced if done.get("replaced") else None
                 return self._taken(result, host, path, dict(record, host_boot_id=done["boot_id"]), replaced)
             holder = done["holder"]
             now = datetime.datetime.now(datetime.timezone.utc)  # noqa: UP017

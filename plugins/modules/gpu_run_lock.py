@@ -107,7 +107,8 @@ held:
   returned: always
   type: bool
 holder:
-  description: Module only; the record of the run that holds the lock, when it is another run's.
+  description: Module only; the record of the run that holds the lock, when it is another run's. With
+    RV(held), RV(replaced) says whether this call replaced the stale holder it was given.
   returned: when another run holds the lock
   type: dict
 boot_id:
@@ -159,13 +160,10 @@ def locked(path: str, record: dict | None, replace: str | None, state: str, toke
         if mine:
             os.unlink(path)
         return {"held": False, "released": mine}
-    if (
-        holder is None
-        or (replace is not None and holder.get("token") == replace)
-        or holder.get("token") == record["token"]
-    ):
+    replaced = holder is not None and replace is not None and holder.get("token") == replace
+    if holder is None or replaced or holder.get("token") == record["token"]:
         write_record(path, dict(record, host_boot_id=boot_id))
-        return {"held": True}
+        return {"held": True, "replaced": replaced}
     return {"held": False, "holder": holder}
 
 

@@ -76,12 +76,12 @@ def test_the_failure_names_the_holder_what_this_run_did_and_each_way_on():
 
 def test_the_module_takes_a_free_lock_and_refuses_a_held_one(tmp_path):
     path = str(tmp_path / "run.lock")
-    assert module.locked(path, {"token": "a"}, None, "present", None, "hb1") == {"held": True}
+    assert module.locked(path, {"token": "a"}, None, "present", None, "hb1") == {"held": True, "replaced": False}
     assert json.loads(Path(path).read_text()) == {"token": "a", "host_boot_id": "hb1"}
     refused = module.locked(path, {"token": "b"}, None, "present", None, "hb1")
     assert refused == {"held": False, "holder": {"token": "a", "host_boot_id": "hb1"}}
     assert module.locked(path, {"token": "b"}, "other", "present", None, "hb1")["held"] is False  # not its token
-    assert module.locked(path, {"token": "b"}, "a", "present", None, "hb1") == {"held": True}  # the stale one
+    assert module.locked(path, {"token": "b"}, "a", "present", None, "hb1") == {"held": True, "replaced": True}
     assert json.loads(Path(path).read_text())["token"] == "b"
 
 
@@ -181,8 +181,7 @@ def test_a_run_never_waits_for_itself(tmp_path):
     lock = tmp_path / "lock" / "run.lock"
     playbook = tmp_path / "twice.yml"
     playbook.write_text(
-        PLAYBOOK.format(path=lock, wait=0)
-        + f"    - name: Take it again, as another alias of the host would\n"
+        PLAYBOOK.format(path=lock, wait=0) + f"    - name: Take it again, as another alias of the host would\n"
         f"      gpu_fleet.tf_hosts.gpu_run_lock: {{path: {lock}, wait: 0}}\n"
         "      register: again\n"
         "    - name: Show the second token\n"
@@ -192,3 +191,14 @@ def test_a_run_never_waits_for_itself(tmp_path):
     assert run.returncode == 0, run.stdout + run.stderr
     token = json.loads(lock.read_text())["token"]
     assert f"TOKEN={token}" in run.stdout and f"AGAIN={token}" in run.stdout
+
+
+def test_a_run_that_lost_the_replace_to_another_does_not_claim_it(tmp_path):
+    """Two runs find the same stale lock: one replaces it; the other then waits for that run and, once it
+    gave the lock back, takes a free lock, without saying it replaced anything."""
+    path = str(tmp_path / "run.lock")
+    module.locked(path, {"token": "stale"}, None, "present", None, "hb1")
+    assert module.locked(path, {"token": "x"}, "stale", "present", None, "hb1") == {"held": True, "replaced": True}
+    assert module.locked(path, {"token": "y"}, "stale", "present", None, "hb1")["held"] is False
+    module.locked(path, None, None, "absent", "x", "hb1")
+    assert module.locked(path, {"token": "y"}, "stale", "present", None, "hb1") == {"held": True, "replaced": False}
