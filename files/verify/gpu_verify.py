@@ -624,8 +624,8 @@ def verify(args: argparse.Namespace) -> dict[str, Any]:
     }
     problems += fit_problems(args, fit, tf_info, libs, gpus)
     problems += judge_scaling(scaling, args.cpu_replicas)
-    root = args.cuda_root or f"/usr/local/cuda-{args.expect_cuda}"
-    default = pointers.check(root, args.default_symlink) if args.default_symlink else None
+    root = args.cuda_root or libraries.default_cuda_root(args.expect_cuda)
+    default = pointers.check(root, args.default_symlink) if args.default_symlink and root else None
     problems += default.pop("problems") if default else []
 
     multiworker = multiworker_summary(fit, tf_config) if args.multiworker else None

@@ -721,14 +721,9 @@ def format_markdown(report: dict[str, Any]) -> str:
 
 # A 1400 px window shows every column: the status, then each problem's cause, then the figures.
 HTML_FIRST = ("host", "status", "problems", "not_run")
-HTML_COLUMNS = (
-    tuple(c for c in COLUMNS if c[0] in HTML_FIRST[:2])
-    + tuple(
-        (key, "problems (check: cause)" if key == "problems" else title)
-        for key, title in COLUMNS
-        if key in HTML_FIRST[2:]
-    )
-    + tuple(c for c in COLUMNS if c[0] not in HTML_FIRST)
+_HTML_TITLES = dict(COLUMNS, problems="problems (check: cause)")
+HTML_COLUMNS = tuple((key, _HTML_TITLES[key]) for key in HTML_FIRST) + tuple(
+    c for c in COLUMNS if c[0] not in HTML_FIRST
 )
 HTML_STYLE = (
     "body{font-family:sans-serif;font-size:13px;margin:1em}table{border-collapse:collapse;width:100%}"
