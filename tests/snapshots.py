@@ -13,6 +13,9 @@ the same state are removed when a new one is built, and ``clean`` removes them a
 
 Usage: python tests/snapshots.py image STATE   ensure the snapshot, print its image name
        python tests/snapshots.py key STATE     print the key only (builds nothing)
+       python tests/snapshots.py keep STATE HOST
+                                               commit the running container HOST, which reached
+                                               STATE itself, as the snapshot (unless one has the key)
        python tests/snapshots.py clean         remove every snapshot image
 Exit codes: 0 done; 1 the build failed (the playbook's output tail on stderr); 2 usage.
 """
@@ -183,12 +186,31 @@ def _build(state: State, image: str, state_key: str) -> None:
             report = json.loads(latest_report(reports, "inventory").read_text())
             if report["hosts"][host]["status"] != "PASS":
                 raise SnapshotError(f"{host} converged but did not verify: {report['hosts'][host]}")
-        committed = podman("commit", "--change", f"LABEL {LABEL}={state_key}", host, image, check=False)
-        if committed.returncode != 0:
-            raise SnapshotError(f"podman commit {host} {image} failed: {committed.stderr.strip()}")
-        print(f"snapshot {state.name}: {image} built", file=sys.stderr, flush=True)
+        _commit(state, host, image, state_key)
     finally:
         podman("rm", "-f", "-t", "1", host, check=False)
+
+
+def _commit(state: State, host: str, image: str, state_key: str) -> None:
+    committed = podman("commit", "--change", f"LABEL {LABEL}={state_key}", host, image, check=False)
+    if committed.returncode != 0:
+        raise SnapshotError(f"podman commit {host} {image} failed: {committed.stderr.strip()}")
+    print(f"snapshot {state.name}: {image} committed from {host}", file=sys.stderr, flush=True)
+
+
+def keep(name: str, host: str) -> str:
+    """Commit the running container ``host`` as state ``name``'s snapshot, unless an image has the
+    current key already; returns the image. For a test whose own host reached the state the way the
+    builder would (site.yml with the state's inventory variables, rc 0, the host PASS): Molecule
+    ``default`` keeps its converged host, so that a fresh run converges that state once, not twice."""
+    state = STATES[name]
+    state_key = key(state)
+    image = image_name(state, state_key)
+    with _locked(name):
+        if not exists(image):
+            _commit(state, host, image, state_key)
+            _prune(state, keep=image)
+    return image
 
 
 def _images() -> list[str]:
@@ -216,13 +238,16 @@ def clean() -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    for command in ("image", "key"):
+    for command in ("image", "key", "keep"):
         sub.add_parser(command).add_argument("state", choices=sorted(STATES))
+    sub.choices["keep"].add_argument("host", help="a running container in that state")
     sub.add_parser("clean")
     args = parser.parse_args(argv)
     try:
         if args.command == "image":
             print(ensure(args.state))
+        elif args.command == "keep":
+            print(keep(args.state, args.host))
         elif args.command == "key":
             print(key(STATES[args.state]))
         else:

@@ -60,6 +60,9 @@ class Part:
     # it (its burst of network lookups must not meet another part's), which wait to run beside it.
     alone: bool | str = False
     offline: bool = False  # starts no container and reaches no network (lint, unit, sanity)
+    # Parts it starts after when they are in the run, whatever their result (one may make what this
+    # part would otherwise make itself); unlike needs, --only does not bring them in.
+    after: list[str] = field(default_factory=list)
     result: str = "waiting"
     seconds: float = 0.0
     started: float = 0.0
@@ -78,6 +81,7 @@ def load(tier: str, only: list[str]) -> list[Part]:
             spec.get("needs", []),
             spec.get("alone", False),
             spec.get("offline", False),
+            spec.get("after", []),
         )
         for name, spec in data["parts"].items()
         if spec.get("tier", "test") in tiers
@@ -109,6 +113,8 @@ class Runner:
             if any(state in ("failed", "not run") for state in states):
                 part.result = "not run"
                 continue
+            if any(done.get(name) in ("waiting", "running") for name in part.after):
+                continue
             if all(state == "passed" for state in states) and self._fits(part, running):
                 return part
         return None
@@ -125,10 +131,10 @@ class Runner:
         return not (part.offline and any(p.alone == "offline" and p.result == "waiting" for p in self.parts))
 
     def _rank(self, part: Part) -> float:
-        """The part's estimate plus the longest chain of parts waiting for it: a part others need goes
-        before a longer part that nobody needs."""
-        after = [self._rank(p) for p in self.parts if part.name in p.needs]
-        return part.estimate + max(after, default=0.0)
+        """The part's estimate plus the longest chain of parts waiting for it (needs and after): a part
+        others wait for goes before a longer part that nobody waits for."""
+        waiting = [self._rank(p) for p in self.parts if part.name in p.needs or part.name in p.after]
+        return part.estimate + max(waiting, default=0.0)
 
     def run(self) -> bool:
         LOGS.mkdir(parents=True, exist_ok=True)

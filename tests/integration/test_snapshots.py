@@ -58,3 +58,16 @@ def test_an_image_of_the_state_under_another_key_is_removed():
     snapshots._prune(state, keep=image)
     assert not snapshots.exists(stale)
     assert snapshots.exists(image)
+
+
+def test_a_host_kept_as_the_snapshot_is_not_committed_over_an_image_with_the_key():
+    """Molecule default keeps its converged host (``keep``); with an image of the current key there
+    already, nothing is committed and that image is the answer."""
+    image = snapshots.ensure("converged")
+    built = inspect(image, "{{.Id}}")
+    name = start_converged("gpu-snapshot-keep")
+    try:
+        assert snapshots.keep("converged", name) == image
+    finally:
+        stop_container(name)
+    assert inspect(image, "{{.Id}}") == built

@@ -233,9 +233,10 @@ def drain_with_a_job(host: str, ends_after: int) -> list[str]:
 
 @pytest.fixture(scope="module")
 def waited(tmp_path_factory, reports, second) -> tuple[subprocess.CompletedProcess, dict, list[str]]:
-    """The healthy host alone; a job shows on it at the drain and ends 6 s later."""
+    """The healthy host alone; a job shows on it at the drain and ends 10 s later (the wait's first
+    poll, a task or two after the drain, must still see it)."""
     before = len(scontrol_calls(HEALTHY))
-    drain = drain_with_a_job(HEALTHY, ends_after=6)
+    drain = drain_with_a_job(HEALTHY, ends_after=10)
     run = rollout(tmp_path_factory.mktemp("waited"), reports, [HEALTHY], "-e", "gpu_rollout_drain_poll=2", drain=drain)
     return run, json.loads(latest_report(reports, INVENTORY).read_text()), scontrol_calls(HEALTHY)[before:]
 

@@ -27,8 +27,8 @@ def load_suite():
 suite = load_suite()
 
 
-def part(name, command="true", estimate=1.0, needs=(), alone=False, offline=False):
-    return suite.Part(name, command, "test", estimate, list(needs), alone, offline)
+def part(name, command="true", estimate=1.0, needs=(), alone=False, offline=False, after=()):
+    return suite.Part(name, command, "test", estimate, list(needs), alone, offline, list(after))
 
 
 def run(parts, jobs=2, tmp_path=None, monkeypatch=None):
@@ -111,6 +111,39 @@ def test_a_part_alone_but_for_offline_parts_has_only_those_beside_it_and_they_wa
         assert other.started + other.seconds <= suite_part.started, [(p.name, p.started, p.seconds) for p in parts]
     assert lint.started >= suite_part.started  # it kept for the suite, to run beside it
     assert lint.started < suite_part.started + suite_part.seconds  # and ran beside it
+
+
+@pytest.mark.parametrize("maker", ["true", "exit 1"])
+def test_a_part_starts_after_a_part_it_comes_after_whatever_its_result(tmp_path, monkeypatch, maker):
+    """Molecule default keeps its converged host as the snapshot: the snapshot part comes after it,
+    even with a slot free, and runs even when it failed (it then builds the image itself)."""
+    parts = [
+        part("snapshot", "true", estimate=10, after=["maker"]),
+        part("maker", f"sleep 0.3; {maker}", estimate=2),
+        part("other", "sleep 0.3", estimate=5),
+    ]
+    run(parts, jobs=2, tmp_path=tmp_path, monkeypatch=monkeypatch)
+    snapshot, made, other = parts
+    assert snapshot.started >= made.started + made.seconds  # the scheduler's own times
+    assert other.started < made.started + made.seconds  # the free slot went to another part
+    assert snapshot.result == "passed"
+
+
+def test_what_others_come_after_goes_first(tmp_path, monkeypatch):
+    log = tmp_path / "order"
+    parts = [
+        part("other", f"echo other >> {log}", estimate=2.5),  # less than maker's 2 plus the snapshot's 1
+        part("snapshot", f"echo snapshot >> {log}", estimate=1, after=["maker"]),
+        part("maker", f"echo maker >> {log}", estimate=2),
+    ]
+    assert run(parts, jobs=1, tmp_path=tmp_path, monkeypatch=monkeypatch)
+    assert log.read_text().split() == ["maker", "other", "snapshot"]
+
+
+def test_only_does_not_bring_in_what_a_part_comes_after(tmp_path, monkeypatch):
+    parts = suite.load("test", ["snapshot:converged"])
+    assert [p.name for p in parts] == ["snapshot:converged"]
+    assert parts[0].after == ["molecule:default"]
 
 
 def test_a_failed_need_fails_its_consumers_without_running_them(tmp_path, monkeypatch, capsys):
