@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """MirroredStrategy smoke fit: a tiny conv net on random but learnable images.
 
 Proves, on one host, that TensorFlow can place a replica on every GPU, run a convolution (so cuDNN

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Count the GPUs that ``nvidia-smi`` sees and compare with the inventory's expected count.
 
 Runs::

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Verify one host's GPU stack end to end and print one JSON document (or a short table).
 
 Run with the TensorFlow venv's interpreter, e.g.::

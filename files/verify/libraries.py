@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Load the CUDA driver API, CUDA runtime and cuDNN through ctypes and check their versions.
 
 What is loaded and how the version is read:

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """The host's default pointers against the default stack, as a program outside any venv finds them.
 
 The default stack owns ``/usr/local/cuda`` (the cuda_toolkit role's symbolic link) and what a login

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Compare this venv with its dependency lock and print one JSON document (or a short line).
 
 Run with the TensorFlow venv's interpreter: the distributions compared are the ones that

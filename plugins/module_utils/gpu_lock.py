@@ -7,8 +7,8 @@ and Python X.Y: ``data/locks/tensorflow-cpu-2.12.1-py3.11.txt``. tf_venv install
 ``pip install --require-hashes --no-deps -r <lock>`` and pushes it to ``<venv>/tf-lock.txt``.
 
 Shared by the ``gpu_tf_lock_name``, ``gpu_tf_lock_problem`` and ``gpu_lock_drift`` filters
-(controller), tools/locks.py and the verification scripts in files/verify (which ship this file
-through the symlink files/verify/gpu_lock.py and import it as ``gpu_lock``). Standard library
+(controller), tools/locks.py and the verification scripts in files/verify (gpu_verify copies this
+file beside them, and they import it as ``gpu_lock``). Standard library
 only, Python 3.8+; no function here runs a command or reads a file.
 
 Sources:

@@ -1,8 +1,8 @@
 """One parser per output format of ``nvidia-smi``, ``lspci``, sysfs PCI devices and ``/proc/driver/nvidia/version``.
 
 Shared by the ``nvidia_gpu_facts`` module, the ``gpu_driver_module_version`` and ``gpu_compute_apps``
-filters and the verification scripts in files/verify (which ship this file, through the symlink
-files/verify/gpu_parsers.py, and import it as ``gpu_parsers``). Standard library only, Python 3.8+.
+filters and the verification scripts in files/verify (gpu_verify copies this file beside them, and
+they import it as ``gpu_parsers``). Standard library only, Python 3.8+.
 No function here runs a command or reads a file, so each one is tested with canned output
 (tests/fixtures/nvidia_smi/).
 

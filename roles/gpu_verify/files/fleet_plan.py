@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Write the plan of a ``--check`` run (runs on the controller): what a real run would change, one
 line per host and phase (issue 10, item 3).
 

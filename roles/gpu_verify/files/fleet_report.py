@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Write the fleet report from the per-host ``gpu_verify.py`` documents (runs on the controller).
 
 Input (``--input FILE`` or ``--input -`` for stdin): a JSON object keyed by inventory hostname.

@@ -346,7 +346,7 @@ def test_standin_cudnn_loaded_ahead_of_the_stacks_copy_names_both(standin_libs: 
         "import json, libraries; "
         f"print(json.dumps(libraries.check_libraries('11.8', '8.9.7', {str(tmp_path / 'cuda-11.8')!r})))"
     )
-    env = dict(os.environ, LD_LIBRARY_PATH=str(standin_libs), PYTHONPATH=str(VERIFY_DIR))
+    env = dict(os.environ, LD_LIBRARY_PATH=str(standin_libs))  # PYTHONPATH: conftest.py
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False)
     assert done.returncode == 0, done.stderr
     (found,) = json.loads(done.stdout)["problems"]

@@ -1,1 +1,0 @@
-../../plugins/module_utils/gpu_parsers.py
