@@ -127,8 +127,11 @@ class Runner:
             return all(p.offline for p in running)
         if any(p.alone == "offline" for p in running):
             return part.offline
-        # An offline part keeps for an offline-alone part that has still to run, to run beside it.
-        return not (part.offline and any(p.alone == "offline" and p.result == "waiting" for p in self.parts))
+        # An offline part keeps for an offline-alone part that has still to run, to run beside it;
+        # but not while the slot would stay empty: when only alone and offline parts are left to start.
+        if part.offline and any(p.alone == "offline" and p.result == "waiting" for p in self.parts):
+            return not any(p.result == "waiting" and not (p.offline or p.alone) for p in self.parts)
+        return True
 
     def _rank(self, part: Part) -> float:
         """The part's estimate plus the longest chain of parts waiting for it (needs and after): a part

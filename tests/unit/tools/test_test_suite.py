@@ -95,8 +95,8 @@ def test_a_part_marked_alone_has_nothing_beside_it(tmp_path, monkeypatch):
 
 
 def test_a_part_alone_but_for_offline_parts_has_only_those_beside_it_and_they_wait_for_it(tmp_path, monkeypatch):
-    """The bad-input suite's case: the offline parts (lint, unit, sanity) run beside it, the container
-    parts never; and the offline parts keep for it instead of running early."""
+    """The bad-input suite's case: the offline parts (lint, unit, sanity) may run beside it, the
+    container parts never; and the offline parts leave the slots to container parts still waiting."""
     parts = [
         part("suite", "sleep 0.3", estimate=5, alone="offline", needs=["snapshot"]),
         part("snapshot", "sleep 0.3", estimate=1),
@@ -109,8 +109,7 @@ def test_a_part_alone_but_for_offline_parts_has_only_those_beside_it_and_they_wa
     suite_part, snapshot, lint, molecule = parts
     for other in (snapshot, molecule):  # the container parts ended before the suite started
         assert other.started + other.seconds <= suite_part.started, [(p.name, p.started, p.seconds) for p in parts]
-    assert lint.started >= suite_part.started  # it kept for the suite, to run beside it
-    assert lint.started < suite_part.started + suite_part.seconds  # and ran beside it
+    assert lint.started >= molecule.started  # it kept while a container part waited for a slot
 
 
 @pytest.mark.parametrize("maker", ["true", "exit 1"])
@@ -144,6 +143,20 @@ def test_only_does_not_bring_in_what_a_part_comes_after(tmp_path, monkeypatch):
     parts = suite.load("test", ["snapshot:converged"])
     assert [p.name for p in parts] == ["snapshot:converged"]
     assert parts[0].after == ["molecule:default"]
+
+
+def test_an_offline_part_takes_a_slot_that_only_alone_parts_wait_for(tmp_path, monkeypatch):
+    """The last container part runs; the alone part cannot start beside it and nothing else is left:
+    the offline part uses the free slot instead of keeping it empty for the alone part."""
+    parts = [
+        part("last", "sleep 0.5", estimate=10),
+        part("suite", "sleep 0.2", estimate=5, alone="offline"),
+        part("lint", "sleep 0.2", estimate=4, offline=True),
+    ]
+    assert run(parts, jobs=2, tmp_path=tmp_path, monkeypatch=monkeypatch)
+    last, suite_part, lint = parts
+    assert lint.started < last.started + last.seconds  # beside the last container part
+    assert suite_part.started >= last.started + last.seconds
 
 
 def test_a_failed_need_fails_its_consumers_without_running_them(tmp_path, monkeypatch, capsys):
