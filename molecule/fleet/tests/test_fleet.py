@@ -138,6 +138,7 @@ def test_the_healthy_host_is_reprovisioned_verified_and_undrained(first):
     entry = report["hosts"][HEALTHY]
     assert entry["status"] == "PASS", entry["problems"]
     assert entry["results"][0]["fit"]["loss_end"] < entry["results"][0]["fit"]["loss_start"]
+    assert podman_exec(HEALTHY, "test", "-s", "/etc/ld.so.conf.d/gpu-env.conf").returncode == 0  # repaired
     assert scontrol_calls(HEALTHY) == [
         f"update nodename={HEALTHY} state=DRAIN reason=gpu_fleet reprovision",
         f"update nodename={HEALTHY} state=RESUME",
