@@ -57,7 +57,8 @@ class Part:
     estimate: float
     needs: list[str] = field(default_factory=list)
     # True: nothing beside it (timed against waits of a few seconds). "offline": only offline parts beside
-    # it (its burst of network lookups must not meet another part's), which wait to run beside it.
+    # it (its burst of network lookups must not meet another part's); while one is still to run, the
+    # offline parts leave the slots to the container parts that wait (see _fits).
     alone: bool | str = False
     offline: bool = False  # starts no container and reaches no network (lint, unit, sanity)
     # Parts it starts after when they are in the run, whatever their result (one may make what this
