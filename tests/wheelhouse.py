@@ -23,8 +23,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 WHEELHOUSE = Path(os.environ.get("GPU_TEST_WHEELHOUSE", ROOT / "build" / "wheelhouse"))
 HOST_DIR = "/srv/test-wheelhouse"
-# The locks the test hosts install (the sandbox's default stack, Molecule multi_stack's second).
-LOCKS = ("tensorflow-cpu-2.12.1-py3.11.txt", "tensorflow-cpu-2.18.1-py3.11.txt")
+# The locks the test hosts install: the sandbox's default stack and Molecule multi_stack's second, and
+# multi_stack's own locks of both with ipykernel (tests/fixtures/locks-jupyter, made by tools/locks.py
+# --extra ipykernel==6.29.5; their header has the command).
+LOCKS = tuple(
+    ROOT / "data" / "locks" / name for name in ("tensorflow-cpu-2.12.1-py3.11.txt", "tensorflow-cpu-2.18.1-py3.11.txt")
+)
+LOCKS += tuple(sorted((ROOT / "tests" / "fixtures" / "locks-jupyter").glob("*.txt")))
 # The sandbox hosts: Debian 12, CPython 3.11, x86_64 (the tags the locks' wheels carry).
 PLATFORM = [
     "--only-binary=:all:",
@@ -43,8 +48,8 @@ def download_command(lock: Path, dest: Path = WHEELHOUSE) -> list[str]:
 
 def build(dest: Path = WHEELHOUSE) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
-    for name in LOCKS:
-        subprocess.run(download_command(ROOT / "data" / "locks" / name, dest), check=True)
+    for lock in LOCKS:
+        subprocess.run(download_command(lock, dest), check=True)
     return dest
 
 

@@ -12,6 +12,10 @@ the interpreter that runs it). ``--exclude-newer`` makes the result depend on th
 not on the day it runs. uv documentation, "Locking environments" and the ``uv pip compile``
 reference: https://docs.astral.sh/uv/pip/compile/ and https://docs.astral.sh/uv/reference/cli/#uv-pip-compile
 
+Where the index's metadata leaves out a bound that a release needs (``constraints`` in the targets
+file), a lock whose resolution holds that distribution is resolved again under the bound (uv's
+``--constraint``), and its header says which and why.
+
 A lock for your own stack, with extra packages (then point tf_venv_lock_dir at the folder)::
 
     tools/locks.py --package tensorflow --tensorflow 2.12.1 --python 3.10 \\
@@ -35,6 +39,9 @@ from pathlib import Path
 from typing import NamedTuple
 
 import yaml
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import Version
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "plugins" / "module_utils"))
@@ -43,6 +50,7 @@ from gpu_lock import lock_file_name, normalize_name, python_series  # noqa: E402
 TARGETS = ROOT / "data" / "locks" / "targets.yml"
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 PINS_FILE = "pins.in"
+CONSTRAINTS_FILE = "constraints.txt"
 # uv settings a caller's environment could add behind the targets' back (uv reads UV_* variables,
 # https://docs.astral.sh/uv/reference/environment/); the network ones (proxy, TLS) are kept.
 UV_KEPT = ("UV_CACHE_DIR", "UV_NATIVE_TLS", "UV_HTTP_TIMEOUT", "UV_OFFLINE")
@@ -65,12 +73,33 @@ class Lock(NamedTuple):
         return [f"{normalize_name(self.package)}=={self.tensorflow}", *self.extras]
 
 
+class Constraint(NamedTuple):
+    """A bound the index's metadata does not state (the targets file's ``constraints``): ``pin``
+    (a requirement, ``ipython<8.23``) for the locks of the TensorFlow releases in ``tensorflow`` (a
+    version specifier) whose resolution holds the pin's distribution."""
+
+    pin: str
+    tensorflow: str
+    why: str
+
+    @property
+    def name(self) -> str:
+        return normalize_name(Requirement(self.pin).name)
+
+    def applies(self, lock: Lock, resolved: str) -> bool:
+        """Whether this constraint is for ``lock``'s release and ``resolved`` (uv's output) holds the
+        distribution it bounds."""
+        held = {normalize_name(line.split("==")[0]) for line in resolved.splitlines() if line[:1].isalnum()}
+        return Version(lock.tensorflow) in SpecifierSet(self.tensorflow) and self.name in held
+
+
 class Settings(NamedTuple):
     """How every lock is made (the targets file's top-level keys)."""
 
     index_url: str
     platform: str
     exclude_newer: str
+    constraints: tuple[Constraint, ...] = ()
 
 
 class UsageError(ValueError):
@@ -85,7 +114,13 @@ def load_targets(path: Path = TARGETS) -> tuple[Settings, list[Lock]]:
     """
     data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     try:
-        settings = Settings(str(data["index_url"]), str(data["platform"]), str(data["exclude_newer"]))
+        constraints = tuple(
+            Constraint(str(row["pin"]), str(row["tensorflow"]), " ".join(str(row["why"]).split()))
+            for row in data.get("constraints") or []
+        )
+        for constraint in constraints:
+            constraint.applies(Lock("tensorflow", "0.0.0", "3.0"), "")  # a bad pin or specifier raises here
+        settings = Settings(str(data["index_url"]), str(data["platform"]), str(data["exclude_newer"]), constraints)
         locks = [
             Lock(str(row["package"]), str(row["tensorflow"]), str(python))
             for row in data["locks"]
@@ -93,6 +128,8 @@ def load_targets(path: Path = TARGETS) -> tuple[Settings, list[Lock]]:
         ]
     except (KeyError, TypeError) as error:
         raise UsageError(f"{path}: missing or malformed key {error}") from None
+    except (InvalidRequirement, InvalidSpecifier) as error:
+        raise UsageError(f"{path}: a constraint's pin or tensorflow range is malformed: {error}") from None
     for lock in locks:
         check_lock(lock)
     return settings, locks
@@ -113,8 +150,9 @@ def check_lock(lock: Lock) -> None:
             raise UsageError(f"--extra {extra!r} is not pinned as name==version")
 
 
-def uv_command(uv: str, settings: Settings, lock: Lock) -> list[str]:
-    """The ``uv pip compile`` command line of one lock (run in a folder holding ``pins.in``)."""
+def uv_command(uv: str, settings: Settings, lock: Lock, constrained: bool = False) -> list[str]:
+    """The ``uv pip compile`` command line of one lock (run in a folder holding ``pins.in`` and, when
+    ``constrained``, ``constraints.txt``)."""
     return [
         uv,
         "pip",
@@ -133,18 +171,20 @@ def uv_command(uv: str, settings: Settings, lock: Lock) -> list[str]:
         settings.index_url,
         "--no-config",
         "--quiet",
+        *(["--constraint", CONSTRAINTS_FILE] if constrained else []),
         PINS_FILE,
     ]
 
 
-def header(uv_version: str, command: list[str], lock: Lock) -> str:
+def header(uv_version: str, command: list[str], lock: Lock, constraints: Sequence[Constraint] = ()) -> str:
     """The comment block at the top of a lock: what it is and how it was made (no time stamp)."""
     shown = " ".join(["uv", *command[1:]])
+    bounds = "".join(f"#   {CONSTRAINTS_FILE}: {c.pin} ({c.why})\n" for c in constraints)
     return (
         f"# Dependency lock of {' '.join(lock.pins)} for CPython {lock.python} on Linux x86_64:\n"
         "# every distribution pinned, with the sha256 of each of its files on the index.\n"
         f"# Made by `make locks` (tools/locks.py) with {uv_version}, from {PINS_FILE} = {' '.join(lock.pins)}:\n"
-        f"#   {shown}\n"
+        f"#   {shown}\n{bounds}"
         "# Do not edit: change data/locks/targets.yml (or the tools/locks.py arguments) and make it again.\n"
         f"# tf_venv installs it with: pip install --require-hashes --no-deps -r <venv>/tf-lock.txt\n"
     )
@@ -156,16 +196,26 @@ def uv_environment() -> dict[str, str]:
 
 
 def make_lock(uv: str, uv_version: str, settings: Settings, lock: Lock) -> str:
-    """The text of one lock (header and uv's output).
+    """The text of one lock (header and uv's output). Where the resolution holds a distribution a
+    constraint of the targets bounds for this release, it is resolved again under the constraints.
 
     Raises:
         subprocess.CalledProcessError: uv failed (its stderr says why).
     """
-    command = uv_command(uv, settings, lock)
     with tempfile.TemporaryDirectory(prefix="tf-lock-") as work:
         Path(work, PINS_FILE).write_text("\n".join(lock.pins) + "\n", encoding="utf-8")
-        done = subprocess.run(command, cwd=work, env=uv_environment(), capture_output=True, text=True, check=True)
-    return header(uv_version, command, lock) + done.stdout
+        command = uv_command(uv, settings, lock)
+        resolved = _compile(command, work)
+        constraints = [c for c in settings.constraints if c.applies(lock, resolved)]
+        if constraints:
+            Path(work, CONSTRAINTS_FILE).write_text("".join(f"{c.pin}\n" for c in constraints), encoding="utf-8")
+            command = uv_command(uv, settings, lock, constrained=True)
+            resolved = _compile(command, work)
+    return header(uv_version, command, lock, constraints) + resolved
+
+
+def _compile(command: list[str], work: str) -> str:
+    return subprocess.run(command, cwd=work, env=uv_environment(), capture_output=True, text=True, check=True).stdout
 
 
 def find_uv(given: str | None) -> str:

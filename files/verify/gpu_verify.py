@@ -20,6 +20,8 @@ Steps, in order:
    and ``--expect-tensorflow``, and the library files TensorFlow itself mapped.
 4. ``default`` (the default stack only, ``--default-symlink``): ``/usr/local/cuda`` and a login
    shell's ``CUDA_HOME`` and ``nvcc`` point at this stack's toolkit (``pointers.py``).
+5. ``kernel`` (``--kernel-dir``, where the venv holds ipykernel): the stack's Jupyter kernel starts
+   from its kernel spec and runs one cell with the stack's libraries (``kernel.py``).
 
 ``--multiworker``: the fit runs ``fit.py --multiworker`` (MultiWorkerMirroredStrategy over the
 workers in the TF_CONFIG environment variable, which the fit inherits); every worker runs this
@@ -36,6 +38,7 @@ Output document (schema 1)::
      "build_info", "gpus", "error"}, "fit": {fit result, "timed_out", "returncode"},
      "lock": {"path", "sha256", "pins", "ok", "drift", "note"} (venv_lock.py),
      "default": null | {"symlink", "points_at", "cuda_home", "nvcc", "ok"} (pointers.py),
+     "kernel": null | {"name", "spec", "started", "prefix", "ld_library_path", "loaded", "ok"} (kernel.py),
      "problems": [{"check", "cause", "fix"}], "expected": {"gpus", "driver", "cuda", "cudnn",
      "tensorflow"}, "seconds", "multiworker": null | {"workers", "task_index", "is_chief",
      "cluster": ["host:port", ...], "num_replicas_in_sync", "samples_per_second"}}
@@ -61,6 +64,7 @@ from typing import Any
 
 import fabricmanager
 import gpu_count
+import kernel
 import libraries
 import pointers
 import venv_lock
@@ -596,6 +600,18 @@ def judge_scaling(scaling: dict[str, Any] | None, cpu_replicas: int) -> list[Pro
     return found
 
 
+def stack_sections(args: argparse.Namespace) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """The ``default`` section (the default stack's pointers, ``--default-symlink``) and the
+    ``kernel`` section (the stack's Jupyter kernel, ``--kernel-dir``), None where not asked for or
+    not expected; each with its ``problems``."""
+    root = args.cuda_root or libraries.default_cuda_root(args.expect_cuda)
+    default = pointers.check(root, args.default_symlink) if args.default_symlink and root else None
+    jupyter = None
+    if args.kernel_dir and root and args.expect_cuda and args.expect_cudnn:
+        jupyter = kernel.check(args.stack or "", args.kernel_dir, root, args.expect_cuda, args.expect_cudnn)
+    return default, jupyter
+
+
 def verify(args: argparse.Namespace) -> dict[str, Any]:
     """Run every check and assemble the output document."""
     started = time.monotonic()
@@ -623,9 +639,8 @@ def verify(args: argparse.Namespace) -> dict[str, Any]:
     }
     problems += fit_problems(args, fit, tf_info, libs, gpus)
     problems += judge_scaling(scaling, args.cpu_replicas)
-    root = args.cuda_root or libraries.default_cuda_root(args.expect_cuda)
-    default = pointers.check(root, args.default_symlink) if args.default_symlink and root else None
-    problems += default.pop("problems") if default else []
+    default, jupyter = stack_sections(args)
+    problems += [p for section in (default, jupyter) if section for p in section.pop("problems")]
 
     multiworker = multiworker_summary(fit, tf_config) if args.multiworker else None
     return {
@@ -642,6 +657,7 @@ def verify(args: argparse.Namespace) -> dict[str, Any]:
         "libraries": libs,
         "lock": lock,
         "default": default,
+        "kernel": jupyter,
         "tensorflow": tf_info,
         "fit": fit,
         "scaling": scaling,
@@ -781,18 +797,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="lowest acceptable scaling efficiency, a fraction (default 0.75)",
     )
     parser.add_argument("--mixed-precision", action="store_true", help="fit with the mixed_float16 policy")
-    parser.add_argument("--stack", help="label for this TensorFlow stack, e.g. tf2.12")
-    parser.add_argument(
-        "--default-symlink",
-        metavar="PATH",
-        help="this is the host's default stack: check that PATH (/usr/local/cuda) and a login shell's CUDA_HOME "
-        "and nvcc point at its toolkit",
-    )
-    parser.add_argument(
-        "--lock",
-        default=venv_lock.DEFAULT_LOCK,
-        help=f"the venv's dependency lock, compared with its distributions (default {venv_lock.DEFAULT_LOCK})",
-    )
+    add_stack_arguments(parser)
     parser.add_argument("--output", metavar="PATH", help="also write the JSON document to PATH")
     parser.add_argument("--format", choices=("json", "table"), default="json", help="stdout format (default json)")
     add_fit_arguments(parser, help_prefix="fit: ")
@@ -802,6 +807,29 @@ def build_parser() -> argparse.ArgumentParser:
         help="fit script to run (default: fit.py next to this file; tests swap it)",
     )
     return parser
+
+
+def add_stack_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add what names this stack and its own checks: ``--stack``, ``--default-symlink``,
+    ``--kernel-dir`` and ``--lock``."""
+    parser.add_argument("--stack", help="label for this TensorFlow stack, e.g. tf2.12")
+    parser.add_argument(
+        "--default-symlink",
+        metavar="PATH",
+        help="this is the host's default stack: check that PATH (/usr/local/cuda) and a login shell's CUDA_HOME "
+        "and nvcc point at its toolkit",
+    )
+    parser.add_argument(
+        "--kernel-dir",
+        metavar="DIR",
+        help="Jupyter's kernel specs folder: where this venv holds ipykernel, start its kernel tf-stack-<--stack> "
+        "from there and run one cell with the stack's libraries (kernel.py)",
+    )
+    parser.add_argument(
+        "--lock",
+        default=venv_lock.DEFAULT_LOCK,
+        help=f"the venv's dependency lock, compared with its distributions (default {venv_lock.DEFAULT_LOCK})",
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

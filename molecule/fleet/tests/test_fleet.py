@@ -168,13 +168,16 @@ def test_the_failing_host_stops_the_rollout_before_any_change(first):
     assert podman_exec(FAILING, "test", "-e", CUDA).returncode != 0
 
 
-def test_each_batch_wrote_a_report_and_the_earlier_one_said_what_was_still_to_come(first, reports):
+def test_the_last_batchs_report_replaced_the_earlier_batchs_that_said_what_was_still_to_come(first, reports):
+    """Batch 2 (healthy verified) and batch 3 (failing) each wrote a report (batch 1 verified nothing);
+    the last, of the same run id, replaced batch 2's, which said the failing host was not reached yet."""
     _run, report = first
     runs = sorted(p for p in (reports / INVENTORY).iterdir() if p.name != "latest")
-    assert len(runs) == 2, runs  # batch 2 (healthy verified) and batch 3 (failing); batch 1 verified nothing
-    earlier = json.loads((runs[0] / "fleet-report.json").read_text())
-    assert earlier["hosts"][FAILING]["rows"][0]["status"].startswith("not reached yet: in batch 3 of 3")
-    assert earlier["hosts"][HEALTHY]["status"] == "PASS"
+    assert [p.name for p in runs] == [report["run_folder"]], runs
+    assert report["run_id"].startswith("rollout-") and len(report["supersedes"]) == 1
+    assert report["supersedes"][0] < report["run_folder"]
+    assert "not reached yet" not in json.dumps(report)
+    assert report["hosts"][HEALTHY]["status"] == "PASS"
     assert (report["summary"]["passed"], report["summary"]["failed"], report["summary"]["not_in_run"]) == (1, 1, 1)
 
 

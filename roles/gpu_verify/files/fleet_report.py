@@ -44,7 +44,8 @@ not verify (see report_history.py; ``--dry-run`` writes nothing):
   {"status": "PASS"|"FAIL", "unreachable": bool, "rows": [row, ...], "problems": [...],
   "mode_notes": [...], "results": [doc, ...]}}, "multiworker": null or {"status", "workers",
   "chief", ...} (see :func:`multiworker_summary`), "summary": {"hosts", "passed", "failed",
-  "unreachable", "rechecked", "not_in_run"}, "inventory", "run_folder", "limit", "merged_from"}``; a
+  "unreachable", "rechecked", "not_in_run"}, "inventory", "run_folder", "limit", "merged_from",
+  "supersedes": [earlier run folders of the same run id, deleted]}``; a
   host passes only if every stack on it passed; a host carried over from the previous report has
   ``"status": "NOT IN THIS RUN"``, ``carried_over``, ``last_seen``, ``last_status`` and
   ``last_problems`` (:func:`report_history.carried_host`).  A row holds the table's
@@ -237,7 +238,7 @@ PASS, FAIL, NOT_RUN = "pass", "fail", "not run"
 # The checks every verification document answers, in report order; ``multiworker`` and ``scaling``
 # follow when the document has their section, then any other check a problem names.
 CHECKS = ("gpu_count", "driver", "libcuda", "libcudart", "libcudnn", "tensorflow", "fit")
-OPTIONAL_CHECKS = ("multiworker", "scaling", "lock", "default")
+OPTIONAL_CHECKS = ("multiworker", "scaling", "lock", "default", "kernel")
 # A result with none of these keys is no verification document (unreachable, failed early).
 DOCUMENT_KEYS = ("schema", "gpus", "libraries", "tensorflow", "fit")
 NO_DOCUMENT_CHECK = "verification"
@@ -335,6 +336,16 @@ def _default_outcome(doc: Any, _outcomes: dict[str, Any]) -> tuple[str, str | No
     return NOT_RUN, "the default section holds no result"
 
 
+def _kernel_outcome(doc: Any, _outcomes: dict[str, Any]) -> tuple[str, str | None]:
+    """The stack's Jupyter kernel started from its spec (gpu_verify.py's ``kernel`` section, kernel.py)."""
+    ok = _get(doc, "kernel", "ok")
+    if ok is True:
+        return PASS, None
+    if ok is False:
+        return FAIL, "the stack's Jupyter kernel did not run its cell with the stack's libraries"
+    return NOT_RUN, "the kernel section holds no result"
+
+
 def _lock_cell(doc: Any) -> str:
     """The first 12 hex digits of the venv's lock (its sha256 in full is in the result), ``none``
     for a venv installed without one, ``-`` when the result has no lock section."""
@@ -357,6 +368,7 @@ OUTCOMES = {
     "scaling": _scaling_outcome,
     "lock": _lock_outcome,
     "default": _default_outcome,
+    "kernel": _kernel_outcome,
 }
 
 
@@ -878,7 +890,11 @@ def build_parser() -> argparse.ArgumentParser:
         help='JSON object {host: {"status": "skipped", "reason": "..."}}: hosts this run left out on purpose',
     )
     parser.add_argument("--dry-run", action="store_true", help="write and delete nothing (--check): print only")
-    parser.add_argument("--run-id", help="label for this run, shown in the report")
+    parser.add_argument(
+        "--run-id",
+        help="label for this run, shown in the report; a later report with the same label replaces the earlier "
+        "(a rolling reprovisioning's batches)",
+    )
     return parser
 
 
@@ -909,7 +925,7 @@ def run(args: argparse.Namespace, results: dict[str, Any], now: datetime.datetim
     left_out = report_history.not_verified(args.not_verified)
     current = build_report({h: v for h, v in results.items() if h not in left_out}, args.run_id, now)
     report = report_history.merge(previous, current, _inventory_hosts(args.inventory_hosts), left_out)
-    report.update(inventory=name, limit=args.limit or None, run_folder=None)
+    report.update(inventory=name, limit=args.limit or None, run_folder=None, supersedes=[])
     folder = None
     if not args.dry_run:
         folder = report_history.write_run(inventory_dir, now, report, render, args.keep, _write)

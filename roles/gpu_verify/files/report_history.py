@@ -5,6 +5,9 @@ Layout under the report folder (``gpu_verify_report_dir``)::
     <inventory name>/<UTC time, 20261201T170400Z>/fleet-report.{json,md,html,junit.xml}
     <inventory name>/latest -> <UTC time>      (relative symlink, switched atomically)
 
+Reports of one run (the same ``run_id``: a rolling reprovisioning's batches) replace each other: a
+batch's report holds the hosts of the batches before it, so only the last is kept.
+
 ``latest`` is the last *completed* verification: a run that stops before the report creates no
 run folder and leaves ``latest`` alone, so dashboards should read the time of the folder it
 points to.  The last ``keep`` run folders are kept; older ones are deleted.
@@ -250,6 +253,24 @@ def new_run_folder(inventory_dir: Path, now: datetime.datetime) -> Path:
     raise FileExistsError(f"{inventory_dir}/{base}: 1000 run folders in one second")
 
 
+def same_run(inventory_dir: Path, run_id: str | None) -> list[str]:
+    """The run folders whose report carries ``run_id`` (the earlier reports of one run, such as a
+    rolling reprovisioning's batches); none without a run id."""
+    if not run_id or not inventory_dir.is_dir():
+        return []
+    found = []
+    for path in sorted(inventory_dir.iterdir()):
+        if not (RUN_FOLDER.match(path.name) and path.is_dir() and not path.is_symlink()):
+            continue
+        try:
+            data = json.loads((path / "fleet-report.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict) and data.get("run_id") == run_id:
+            found.append(path.name)
+    return found
+
+
 def write_run(
     inventory_dir: Path,
     now: datetime.datetime,
@@ -260,11 +281,16 @@ def write_run(
 ) -> Path:
     """Create a new run folder, record its name in ``report["run_folder"]``, write the files
     ``render(report)`` returns ({file name: text}) with ``write(path, text)`` (atomic per file),
-    then point ``latest`` at the folder and prune older runs; returns the run folder."""
+    then point ``latest`` at the folder and prune older runs; returns the run folder. The reports of
+    the same run (``report["run_id"]``) written before are replaced: listed under ``supersedes``,
+    deleted once ``latest`` points at this one, which holds their hosts (merged)."""
+    earlier = same_run(inventory_dir, report.get("run_id"))
     folder = new_run_folder(inventory_dir, now)
-    report["run_folder"] = folder.name
+    report.update(run_folder=folder.name, supersedes=earlier)
     for name, text in render(report).items():
         write(str(folder / name), text)
     point_latest(inventory_dir, folder.name)
+    for name in earlier:
+        shutil.rmtree(inventory_dir / name)
     prune(inventory_dir, keep)
     return folder

@@ -15,13 +15,17 @@ SPEC = importlib.util.spec_from_file_location("locks_tool", ROOT / "tools" / "lo
 locks = importlib.util.module_from_spec(SPEC)
 SPEC.loader.exec_module(locks)
 
-# Prints its arguments' platform and pins as a uv pip compile would print a lock.
+# Prints its arguments' platform and pins as a uv pip compile would print a lock; ipykernel brings
+# ipython 8.23.0, or 8.22.2 under a constraints file that bounds it.
 FAKE_UV = """#!{python}
 import sys
 if sys.argv[1:] == ["--version"]:
     print("uv 9.9.9 (fake)")
     sys.exit(0)
 pins = open("pins.in").read().split()
+if any(pin.startswith("ipykernel==") for pin in pins):
+    bounded = "--constraint" in sys.argv and "ipython<8.23" in open("constraints.txt").read()
+    pins.append("ipython==8.22.2" if bounded else "ipython==8.23.0")
 python = sys.argv[sys.argv.index("--python-version") + 1]
 for pin in pins:
     print(pin + " \\\\\\n    --hash=sha256:" + "d" * 64 + "\\n    # via -r pins.in (py" + python + ")")
@@ -94,3 +98,49 @@ def test_the_shipped_targets_file_loads():
     settings, planned = locks.load_targets()
     assert settings.platform == "x86_64-manylinux_2_17" and settings.exclude_newer
     assert {lock.file for lock in planned} == {p.name for p in (ROOT / "data" / "locks").glob("*.txt")}
+
+
+CONSTRAINED = (
+    TARGETS
+    + """constraints:
+  - pin: ipython<8.23
+    tensorflow: "<2.14"
+    why: IPython 8.23 needs typing-extensions 4.6
+"""
+)
+
+
+@pytest.mark.parametrize(
+    ("tensorflow", "extra", "ipython", "bounded"),
+    [
+        ("2.12.1", "ipykernel==6.29.5", "ipython==8.22.2", True),  # in the range, holds ipython: bounded
+        ("2.18.1", "ipykernel==6.29.5", "ipython==8.23.0", False),  # another TensorFlow: not bounded
+        ("2.12.1", "pandas==2.2.3", None, False),  # no ipython in the resolution: the lock as before
+    ],
+)
+def test_a_constraint_applies_only_to_a_lock_of_its_range_that_holds_its_distribution(
+    tmp_path, fake_uv, tensorflow, extra, ipython, bounded
+):
+    targets = tmp_path / "targets.yml"
+    targets.write_text(CONSTRAINED)
+    argv = ["--targets", str(targets), "--package", "tensorflow-cpu", "--tensorflow", tensorflow, "--python", "3.11"]
+    assert locks.main([*argv, "--extra", extra, "--out-dir", str(tmp_path), "--uv", fake_uv]) == 0
+    text = (tmp_path / f"tensorflow-cpu-{tensorflow}-py3.11.txt").read_text()
+    assert (ipython is None and "ipython" not in text) or f"{ipython} \\" in text
+    assert ("--constraint constraints.txt pins.in" in text) is bounded
+    assert ("#   constraints.txt: ipython<8.23 (IPython 8.23 needs typing-extensions 4.6)" in text) is bounded
+
+
+def test_a_malformed_constraint_is_a_usage_error(tmp_path, fake_uv, capsys):
+    targets = tmp_path / "targets.yml"
+    targets.write_text(CONSTRAINED.replace('tensorflow: "<2.14"', 'tensorflow: "before 2.14"'))
+    assert locks.main(["--targets", str(targets), "--uv", fake_uv]) == 2
+    assert "a constraint's pin or tensorflow range is malformed" in capsys.readouterr().err
+
+
+def test_the_shipped_constraints_leave_the_shipped_locks_unbounded():
+    settings, planned = locks.load_targets()
+    assert settings.constraints, "the targets file bounds IPython for TensorFlow 2.12 and 2.13"
+    for lock in planned:
+        text = (ROOT / "data" / "locks" / lock.file).read_text()
+        assert not [c for c in settings.constraints if c.applies(lock, text)], lock.file

@@ -825,3 +825,38 @@ def test_a_moved_default_symlink_fails_the_default_check_with_cause_and_fix() ->
     row = fleet_report.build_report({"h": [doc]}, None)["hosts"]["h"]["rows"][0]
     assert row["status"] == "FAIL" and row["problems"] == "default"
     assert row["checks"]["default"] == {"status": "fail", "passed": False, "reason": cause}
+
+
+def test_a_stacks_jupyter_kernel_is_a_check_of_its_row_where_the_venv_has_one() -> None:
+    with_kernel, without = passing_doc(), passing_doc()
+    with_kernel["kernel"] = {"name": "tf-stack-tf2.12", "started": True, "ok": True}
+    without["kernel"] = None
+    rows = fleet_report.build_report({"h": [with_kernel, without]}, None)["hosts"]["h"]["rows"]
+    assert rows[0]["checks"]["kernel"] == {"status": "pass", "passed": True, "reason": None}
+    assert "kernel" not in rows[1]["checks"]
+
+
+def test_a_kernel_that_cannot_start_fails_its_row_with_the_import_error() -> None:
+    doc = passing_doc()
+    doc["kernel"] = {"name": "tf-stack-tf2.12", "started": False, "ok": False}
+    cause = "ipykernel is in the venv /opt/tensorflow/2.12 but does not import (ImportError: cannot import name X)"
+    doc.update(ok=False, problems=[{"check": "kernel", "cause": cause, "fix": "Lock versions that import together"}])
+    row = fleet_report.build_report({"h": [doc]}, None)["hosts"]["h"]["rows"][0]
+    assert row["status"] == "FAIL" and row["problems"] == "kernel"
+    assert row["checks"]["kernel"] == {"status": "fail", "passed": False, "reason": cause}
+
+
+def test_a_later_report_of_the_same_run_replaces_the_earlier_and_other_runs_stay(tmp_path: Path) -> None:
+    not_reached = json.dumps({"gpu02": {"status": "not reached yet", "reason": "a later batch"}})
+    other = _cli(tmp_path, {"gpu01": passing_doc(), "gpu02": passing_doc()}, T0)
+    first = _cli(tmp_path, {"gpu01": passing_doc()}, T1, "--run-id", "rollout-A", "--not-verified", not_reached)
+    last = _cli(tmp_path, {"gpu02": _failed_doc()}, T2, "--run-id", "rollout-A")
+    lab = tmp_path / "lab"
+    assert sorted(p.name for p in lab.iterdir()) == sorted(
+        [Path(other["run_dir"]).name, Path(last["run_dir"]).name, "latest"]
+    )
+    assert not Path(first["run_dir"]).exists()
+    final = json.loads((lab / "latest" / "fleet-report.json").read_text())
+    assert final["supersedes"] == [Path(first["run_dir"]).name] and final["run_id"] == "rollout-A"
+    assert (final["hosts"]["gpu01"]["status"], final["hosts"]["gpu02"]["status"]) == ("NOT IN THIS RUN", "FAIL")
+    assert "not reached yet" not in json.dumps(final)
