@@ -12,7 +12,9 @@ snapshot build's), run through every play of the same run and verified. Each cas
 3. leave the other hosts alone: the healthy host passes every play and verifies in the same run.
 
 The module prints a table of cases and results. Cases that need state on the host (a folder that
-is not a venv, a small tmpfs, a non-root user) set it up before the listing is taken.
+is not a venv, a small tmpfs, a non-root user) set it up before the listing is taken; the bad files
+on the controller (artifacts and an overlay manifest that pins them, a wheelhouse with an altered
+wheel) are made in a temporary folder before the run.
 """
 
 from __future__ import annotations
@@ -27,8 +29,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from ansible_collections.gpu_fleet.tf_hosts.plugins.module_utils.gpu_lock import lock_hashes
 from ansible_run import latest_report
 from sandbox_hosts import ROOT, STANDINS, site, start_container, start_converged, stop_container
+from wheelhouse import WHEELHOUSE
 
 TF = {"name": "tf2.12", "tensorflow": "2.12", "cuda": "11.8", "cudnn": "8.6", "package": "tensorflow-cpu"}
 PREFLIGHT_PLAY = "Check the pinned stacks, the hosts and the artifacts before any change"
@@ -40,8 +44,21 @@ PAGE = "cudnn-linux-x86_64-8.9.7.29_cuda11-archive.tar.xz"  # an error page, pin
 ABSENT = "cudnn-linux-x86_64-8.8.1.3_cuda11-archive.tar.xz"  # not in the controller folder
 SHORT = "NVIDIA-Linux-x86_64-525.147.05.run"  # a download cut short
 TAMPERED = "NVIDIA-Linux-x86_64-530.30.02.run"  # one byte more than the pinned file
+UNNAMED = "cudnn-8.9.2.26-custom-build.zip"  # named like none of NVIDIA's cuDNN archive layouts
+# A wheel of the tf2.12 lock (six==1.17.0) under its own name, with one byte more than the session's
+# wheelhouse holds (some bytes of its own where that wheelhouse was not downloaded): not the file the
+# lock pins. The message lists the lock's digests of six (first 16 hex digits each).
+WHEEL = "six-1.17.0-py2.py3-none-any.whl"
+WHEEL_HASHES = ", ".join(
+    sorted(d[:16] for d in lock_hashes((ROOT / "data/locks/tensorflow-cpu-2.12.1-py3.11.txt").read_text())["six"][1])
+)
+ALTERED_WHEEL = ((WHEELHOUSE / WHEEL).read_bytes() if (WHEELHOUSE / WHEEL).is_file() else b"not a wheel") + b"\n"
 OUTPUT = ROOT / "build" / "test-output" / "bad-input-suite.log"
 ERROR_PAGE = b"<!DOCTYPE html><html><body>403 Forbidden</body></html>\n"
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 def stacks(*items: dict, **default: str) -> dict:
@@ -234,6 +251,15 @@ CASES = [
         (f"{ABSENT} is not in", "on the controller. Put NVIDIA's file there under this exact name"),
     ),
     Case(
+        "cudnn_archive_unnamed",
+        stacks({"tensorflow": "2.14", "cudnn": "8.9.2"}),
+        (
+            f"{UNNAMED} (in ",
+            "/bad-artifacts.yml) is not named like one of NVIDIA's cuDNN tar archives",
+            "Use NVIDIA's archive under its own name",
+        ),
+    ),
+    Case(
         "runfile_cut_short",
         {"nvidia_driver_version": "525.147.05"},
         (f"{SHORT} has 1000 bytes; the manifest says", "The download was cut short"),
@@ -276,6 +302,17 @@ CASES = [
         {"tf_venv_pip_ca_bundle": "/nonexistent/corp-ca.pem"},
         ("/nonexistent/corp-ca.pem does not exist on the controller", "tf_venv_pip_ca_bundle"),
     ),
+    # The folder _artifacts makes beside the artifacts.
+    Case(
+        "wheelhouse_wheel_altered",
+        {"tf_venv_wheelhouse": "{{ gpu_artifacts_controller_dir | dirname }}/wheelhouse"},
+        (
+            f"{WHEEL} is not the file the lock pins: its sha256 is {_sha256(ALTERED_WHEEL)[:16]}",
+            f"the lock lists {WHEEL_HASHES} for six==1.17.0",
+            "(tf_venv_wheelhouse) does not hold the wheels of the lock tensorflow-cpu-2.12.1-py3.11.txt",
+            "Nothing was pushed to the host",
+        ),
+    ),
     Case(
         "cuda_tmpdir_too_small",
         {"cuda_toolkit_tmpdir": SMALL_TMPFS},
@@ -317,12 +354,12 @@ def _container_setup(name: str, kind: str) -> None:
     subprocess.run(["podman", "exec", name, "sh", "-c", script], check=True, capture_output=True)
 
 
-def _sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
 def _artifacts(tmp: Path) -> tuple[Path, Path]:
-    """The stand-ins plus the cases' bad files, and an overlay manifest that pins them."""
+    """The stand-ins plus the cases' bad files, and an overlay manifest that pins them; beside them, a
+    wheelhouse with the altered wheel."""
+    wheelhouse = tmp / "wheelhouse"
+    wheelhouse.mkdir()
+    (wheelhouse / WHEEL).write_bytes(ALTERED_WHEEL)
     folder = tmp / "artifacts"
     shutil.copytree(STANDINS, folder, symlinks=True)
     driver = (folder / "NVIDIA-Linux-x86_64-520.61.05.run").read_bytes()
@@ -336,6 +373,7 @@ def _artifacts(tmp: Path) -> tuple[Path, Path]:
         FOLDER: {**cudnn, "version": "8.7.0.84", "sha256": "0" * 64},
         PAGE: {**cudnn, "version": "8.9.7.29", "sha256": _sha256(ERROR_PAGE), "size_bytes": len(ERROR_PAGE)},
         ABSENT: {**cudnn, "version": "8.8.1.3", "sha256": "1" * 64},
+        UNNAMED: {**cudnn, "version": "8.9.2.26", "sha256": "2" * 64},
         SHORT: {**runfile, "version": "525.147.05"},
         TAMPERED: {**runfile, "version": "530.30.02"},
     }
