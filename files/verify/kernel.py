@@ -45,9 +45,9 @@ USER_LIBRARY_DIR = "/opt/gpu-verify-user-libraries"
 START_SECONDS = 90.0
 RERUN_FIX = "Rerun site.yml (site.yml --tags tf_venv --limit <host>): tf_venv writes the kernel spec of stack {stack}"
 IMPORT_FIX = (
-    "Lock versions that import together: make the stack's lock again with tools/locks.py (its targets' "
-    "constraints bound IPython for TensorFlow releases that pin an older typing-extensions), or add the "
-    "working release as --extra, then rerun site.yml"
+    "Rerun site.yml: tf_venv puts back a venv that drifted from its lock. If ipykernel still does not import "
+    "with the lock's versions, make the lock again with tools/locks.py (its targets' constraints bound IPython "
+    "for TensorFlow releases that pin an older typing-extensions) or add a working release as --extra"
 )
 CELL = """
 import ctypes, json, os, sys
