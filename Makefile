@@ -13,7 +13,11 @@ export ANSIBLE_HOME := $(CURDIR)/.ansible
 export ANSIBLE_FORCE_COLOR ?= 0
 STANDINS := build/standins
 PYTEST_UNIT := tests/unit
-EE_TAG ?= gpu-fleet-tf-hosts-ee:0.18.0
+# The collection's version, from galaxy.yml (the one place it is written).
+VERSION := $(shell sed -n 's/^version: *//p' galaxy.yml)
+EE_TAG ?= gpu-fleet-tf-hosts-ee:$(VERSION)
+# The execution environment's base image (execution-environment.yml's, unless given).
+EE_BASE_IMAGE ?=
 
 .PHONY: help deps venv image standins sandbox demo demo-clean wheelhouse check lint unit sanity molecule integration test bench locks ee-context ee changelog clean
 
@@ -125,10 +129,12 @@ changelog: venv
 ee-context: venv
 	rm -rf build/ee && mkdir -p build/ee
 	$(BIN)/ansible-galaxy collection build --output-path build/ee .
+	mv build/ee/gpu_fleet-tf_hosts-$(VERSION).tar.gz build/ee/gpu_fleet-tf_hosts.tar.gz
 	$(BIN)/ansible-builder create -f execution-environment.yml -c build/ee/context
 
 ee: ee-context
-	$(BIN)/ansible-builder build -f execution-environment.yml -c build/ee/context -t $(EE_TAG)
+	$(BIN)/ansible-builder build -f execution-environment.yml -c build/ee/context -t $(EE_TAG) \
+		$(if $(EE_BASE_IMAGE),--build-arg EE_BASE_IMAGE=$(EE_BASE_IMAGE))
 
 clean:
 	-$(BIN)/python tests/snapshots.py clean
