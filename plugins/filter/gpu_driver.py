@@ -52,17 +52,21 @@ MANAGER_COMMANDS = {
     "dnf": {"refresh": ["dnf", "makecache"], "dry_run": ["dnf", "install", "-y", "--setopt=tsflags=test"]},
 }
 # How each hold method holds and releases packages, and how its output tells a new hold from an old
-# one: apt-mark(8) ("hold", "unhold"; prints "<pkg> set on hold." or "<pkg> was already set on hold.")
-# and dnf's versionlock plugin (dnf-plugins-core, "dnf versionlock"; "add" prints "Adding versionlock
-# on: <spec>" for a new lock). apt holds names; versionlock locks the exact name-version specs.
+# one: dpkg's selections (the role holds with Ansible's dpkg_selections, which shows a pending hold under
+# --check and --diff, after reading the held names with apt-mark(8) "showhold"; "unhold" releases; "hold"
+# prints "<pkg> set on hold." or "<pkg> was already set on hold.") and dnf's versionlock plugin
+# (dnf-plugins-core, "dnf versionlock"; "add" prints "Adding versionlock on: <spec>" for a new lock).
+# apt holds names; versionlock locks the exact name-version specs.
 HOLD_METHODS = {
     "dpkg_selections": {
+        "held": ["apt-mark", "showhold"],
         "hold": ["apt-mark", "hold"],
         "release": ["apt-mark", "unhold"],
         "items": "names",
         "changed": r"(?m)^\S+ set on hold\.$",
     },
     "versionlock": {
+        "held": None,
         "hold": ["dnf", "versionlock", "add"],
         "release": ["dnf", "versionlock", "delete"],
         "items": "install",
@@ -168,13 +172,14 @@ def gpu_driver_packages(
     """``{{ __sets | gpu_fleet.tf_hosts.gpu_driver_packages(os_key, version, kernel_modules, kernel_open,
     fabricmanager) }}``: what the package method installs and holds on one host.
 
-    Returns ``{os_key, manager, branch, install, names, versions, hold, hold_method, hold_command,
+    Returns ``{os_key, manager, branch, install, names, versions, hold, hold_method, held_command, hold_command,
     hold_changed, release_command, any_branch_pattern, hold_requires, kernel_modules, module_stream,
     fabricmanager_service, unattended_upgrades_blacklist, refresh_command, dry_run_command, repository}``:
     ``install`` the exact-version specs (apt ``name=VER``, dnf ``name-VER``), ``names`` the same
     packages by name, ``versions`` name to package version, ``kernel_modules`` ``open``/``proprietary``
     or None (a container: no kernel packages), ``fabricmanager_service`` None unless ``fabricmanager``,
-    ``hold_command``/``release_command`` the argv that holds/releases them, ``hold_changed`` the
+    ``held_command`` the argv that lists the held names (None for versionlock, whose hold command says
+    what it added), ``hold_command``/``release_command`` the argv that holds/releases them, ``hold_changed`` the
     regular expression that finds a new hold in the hold command's output and ``any_branch_pattern``
     one that matches the set's names of any branch and module kind.
 
@@ -215,6 +220,7 @@ def _commands(package_set: dict, install: list[str], names: list[str]) -> dict[s
     return {
         "hold": list(names),
         "hold_method": package_set["hold"],
+        "held_command": hold["held"],
         "hold_command": hold["hold"] + (install if hold["items"] == "install" else names),
         "hold_changed": hold["changed"],
         "release_command": hold["release"] + names,

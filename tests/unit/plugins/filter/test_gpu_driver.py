@@ -536,6 +536,12 @@ def test_apt_holds_names_and_says_which_are_new() -> None:
     names = ["nvidia-driver-cuda", "libcuda1", "libnvidia-ml1", "nvidia-smi"]
     assert debian["hold_command"] == ["apt-mark", "hold", *names]
     assert debian["release_command"] == ["apt-mark", "unhold", *names]
+    # The role holds the names apt-mark does not list as held through Ansible's dpkg_selections.
+    assert (debian["hold_method"], debian["held_command"], debian["hold"]) == (
+        "dpkg_selections",
+        ["apt-mark", "showhold"],
+        names,
+    )
     assert debian["hold_requires"] == []
     new = re.compile(debian["hold_changed"])
     assert new.search("libcuda1 was already set on hold.\nnvidia-smi set on hold.\n")
@@ -560,6 +566,7 @@ def test_dnf_locks_exact_versions_with_the_versionlock_plugin() -> None:
     ]
     assert rocky["release_command"] == ["dnf", "versionlock", "delete", "nvidia-driver-cuda", "nvidia-driver-cuda-libs"]
     assert rocky["hold_requires"] == ["python3-dnf-plugin-versionlock"]
+    assert (rocky["hold_method"], rocky["held_command"]) == ("versionlock", None)  # its add says what it locked
     assert re.search(rocky["hold_changed"], "Adding versionlock on: nvidia-driver-cuda-0:535.104.05-1.el9.*")
     assert not re.search(rocky["hold_changed"], "Package already locked in equivalent form: nvidia-driver-cuda")
 
