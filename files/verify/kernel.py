@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from libraries import cudart_soname, cudnn_soname, paths_from_maps, soname_stem
-from verify_common import EXIT_CHECK_FAILED, EXIT_OK, problem, tail
+from verify_common import print_section, problem, tail
 
 KERNEL_PREFIX = "tf-stack-"  # tf_venv's kernel folder name: tf-stack-<stack>
 # A folder of the user's own on LD_LIBRARY_PATH: the kernel must keep it after the stack's.
@@ -210,9 +210,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--kernel-dir", default="/usr/local/share/jupyter/kernels", help="the kernel specs' folder")
     args = parser.parse_args(argv)
     section = check(args.stack, args.kernel_dir, args.cuda_root, args.cuda, args.cudnn)
-    json.dump(section, sys.stdout, indent=2, sort_keys=True)
-    sys.stdout.write("\n")
-    return EXIT_OK if section is None or section["ok"] else EXIT_CHECK_FAILED
+    return print_section(section)
 
 
 if __name__ == "__main__":

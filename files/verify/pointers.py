@@ -19,14 +19,13 @@ Exit codes: 0 the pointers serve the default stack, 1 one does not, 2 usage erro
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
 from collections.abc import Sequence
 from typing import Any
 
-from verify_common import EXIT_CHECK_FAILED, EXIT_OK, problem
+from verify_common import print_section, problem
 
 RERUN_FIX = (
     "Rerun the playbook (site.yml, or site.yml --tags cuda --limit <host>): cuda_toolkit points {symlink} at the "
@@ -87,9 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--symlink", default="/usr/local/cuda", help="the default symlink (default /usr/local/cuda)")
     args = parser.parse_args(argv)
     section = check(args.cuda_root, args.symlink)
-    json.dump(section, sys.stdout, indent=2, sort_keys=True)
-    sys.stdout.write("\n")
-    return EXIT_OK if section["ok"] else EXIT_CHECK_FAILED
+    return print_section(section)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ import argparse
 import json
 import math
 import os
+import sys
 import tempfile
 from typing import Any, Dict
 
@@ -61,6 +62,13 @@ def parse_version(text: str, parts: int, what: str = "version") -> tuple[int, ..
 def dumps(document: Any) -> str:
     """Serialise ``document`` as indented, key-sorted JSON (stable for diffs and tests)."""
     return json.dumps(document, indent=2, sort_keys=True, default=str)
+
+
+def print_section(section: dict[str, Any] | None) -> int:
+    """Print a check's section as JSON (``null`` when the check does not apply) and return the exit
+    code of a script run alone: EXIT_OK unless the section says it is not ``ok``."""
+    sys.stdout.write(dumps(section) + "\n")
+    return EXIT_OK if section is None or section.get("ok") else EXIT_CHECK_FAILED
 
 
 def write_json_atomic(path: str, document: Any) -> None:

@@ -326,24 +326,19 @@ def _lock_outcome(doc: Any, _outcomes: dict[str, Any]) -> tuple[str, str | None]
     return NOT_RUN, _get(doc, "lock", "note") or "the lock section holds no result"
 
 
-def _default_outcome(doc: Any, _outcomes: dict[str, Any]) -> tuple[str, str | None]:
-    """The default stack's pointers (gpu_verify.py's ``default`` section, pointers.py)."""
-    ok = _get(doc, "default", "ok")
-    if ok is True:
-        return PASS, None
-    if ok is False:
-        return FAIL, "a default pointer does not serve this stack"
-    return NOT_RUN, "the default section holds no result"
+def _section_outcome(key: str, failed: str) -> Any:
+    """The outcome of a check whose section of the document says ``ok``: ``default`` (the default
+    stack's pointers, pointers.py) and ``kernel`` (the stack's Jupyter kernel, kernel.py)."""
 
+    def outcome(doc: Any, _outcomes: dict[str, Any]) -> tuple[str, str | None]:
+        ok = _get(doc, key, "ok")
+        if ok is True:
+            return PASS, None
+        if ok is False:
+            return FAIL, failed
+        return NOT_RUN, f"the {key} section holds no result"
 
-def _kernel_outcome(doc: Any, _outcomes: dict[str, Any]) -> tuple[str, str | None]:
-    """The stack's Jupyter kernel started from its spec (gpu_verify.py's ``kernel`` section, kernel.py)."""
-    ok = _get(doc, "kernel", "ok")
-    if ok is True:
-        return PASS, None
-    if ok is False:
-        return FAIL, "the stack's Jupyter kernel did not run its cell with the stack's libraries"
-    return NOT_RUN, "the kernel section holds no result"
+    return outcome
 
 
 def _lock_cell(doc: Any) -> str:
@@ -367,8 +362,8 @@ OUTCOMES = {
     "multiworker": _multiworker_outcome,
     "scaling": _scaling_outcome,
     "lock": _lock_outcome,
-    "default": _default_outcome,
-    "kernel": _kernel_outcome,
+    "default": _section_outcome("default", "a default pointer does not serve this stack"),
+    "kernel": _section_outcome("kernel", "the stack's Jupyter kernel did not run its cell with the stack's libraries"),
 }
 
 
