@@ -146,8 +146,20 @@ def check_lock(lock: Lock) -> None:
     if python_series(lock.python) != lock.python:
         raise UsageError(f"Python {lock.python!r} is not X.Y")
     for extra in lock.extras:
-        if "==" not in extra:
-            raise UsageError(f"--extra {extra!r} is not pinned as name==version")
+        if not pinned_exactly(extra):
+            raise UsageError(f"--extra {extra!r} is not pinned as name==version (one package, one exact version)")
+
+
+def pinned_exactly(text: str) -> bool:
+    """Whether ``text`` is one requirement ``name==version`` (PEP 508: no marker, no URL, nothing else
+    on the line), as pins.in and the lock's header take it."""
+    try:
+        requirement = Requirement(text)
+    except InvalidRequirement:
+        return False
+    specifiers = list(requirement.specifier)
+    exact = len(specifiers) == 1 and specifiers[0].operator == "==" and "*" not in specifiers[0].version
+    return exact and not (requirement.marker or requirement.url) and text == text.strip() and "\n" not in text
 
 
 def uv_command(uv: str, settings: Settings, lock: Lock, constrained: bool = False) -> list[str]:

@@ -13,7 +13,7 @@ a folder of the user's own, no ``TF_STACK_*`` variables), and runs one cell that
         --cuda 11.8 --cudnn 8.6 --kernel-dir /usr/local/share/jupyter/kernels
 
 gpu_verify.py ``--kernel-dir`` runs the same check (:func:`check`) and puts under ``kernel`` (null
-where the venv holds no ipykernel: no kernel is expected)::
+where the venv holds no ipykernel and no spec names its kernel: no kernel is expected)::
 
     {"name", "spec": path, "started": bool, "seconds", "prefix", "ld_library_path": [...],
      "loaded": {"libcudart": path | null, "libcudnn": path | null}, "ok": bool,
@@ -43,12 +43,19 @@ KERNEL_PREFIX = "tf-stack-"  # tf_venv's kernel folder name: tf-stack-<stack>
 # A folder of the user's own on LD_LIBRARY_PATH: the kernel must keep it after the stack's.
 USER_LIBRARY_DIR = "/opt/gpu-verify-user-libraries"
 START_SECONDS = 90.0
-RERUN_FIX = "Rerun site.yml (site.yml --tags tf_venv --limit <host>): tf_venv writes the kernel spec of stack {stack}"
-IMPORT_FIX = (
-    "Rerun site.yml: tf_venv puts back a venv that drifted from its lock. If ipykernel still does not import "
-    "with the lock's versions, make the lock again with tools/locks.py (its targets' constraints bound IPython "
-    "for TensorFlow releases that pin an older typing-extensions) or add a working release as --extra"
+RERUN_FIX = (
+    "Rerun site.yml (site.yml --tags tf_venv --limit <host>, with the stack's own tf_venv_lock_dir where it has "
+    "one): tf_venv writes the kernel spec of stack {stack} into tf_venv_jupyter_kernel_dir; the verification "
+    "looks in gpu_verify_jupyter_kernel_dir, the same folder unless set apart"
 )
+IMPORT_FIX = (
+    "Where the venv's lock check failed too, rerun site.yml: tf_venv installs again what drifted from the lock. "
+    "Where it passed, ipykernel does not import with the lock's versions: make the lock again with "
+    "tools/locks.py (its targets' constraints bound IPython for TensorFlow releases that pin an older "
+    "typing-extensions) or add a working release as --extra; a venv whose files were changed by hand is built "
+    "again by removing its folder and rerunning site.yml"
+)
+STALE_FIX = "Rerun site.yml: tf_venv removes the kernel spec of a stack whose lock no longer names ipykernel"
 CELL = """
 import ctypes, json, os, sys
 errors = {}
@@ -93,10 +100,10 @@ def user_environment(environ: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def run_cell(kernel_dir: str, name: str, code: str, timeout: float = START_SECONDS) -> tuple[dict[str, Any], str]:
-    """Start kernel ``name`` from ``kernel_dir`` through jupyter_client, run ``code`` and return
-    (the JSON document it printed, the kernel's stderr). Raises RuntimeError when it did not start
-    or the cell failed (the message says which)."""
+def run_cell(kernel_dir: str, name: str, code: str, timeout: float = START_SECONDS) -> dict[str, Any]:
+    """Start kernel ``name`` from ``kernel_dir`` through jupyter_client, run ``code`` and return the
+    JSON document it printed. Raises RuntimeError when it did not start or the cell failed (the
+    message says which, with the last line the kernel wrote to its stderr)."""
     from jupyter_client.kernelspec import KernelSpecManager
     from jupyter_client.manager import KernelManager
 
@@ -118,7 +125,7 @@ def run_cell(kernel_dir: str, name: str, code: str, timeout: float = START_SECON
             manager.shutdown_kernel(now=True)
         if reply["content"].get("status") != "ok":
             raise RuntimeError(f"the cell failed: {reply['content'].get('ename')}: {reply['content'].get('evalue')}")
-        return json.loads("".join(output).strip().splitlines()[-1]), _stderr_tail(stderr)
+        return json.loads("".join(output).strip().splitlines()[-1])
 
 
 def _collect(output: list[str]) -> Any:
@@ -160,13 +167,23 @@ def judge(doc: dict[str, Any], cuda_root: str, prefix: str, sonames: dict[str, s
     return {"ld_library_path": folders, "loaded": loaded, "causes": causes}
 
 
+def stale_spec(name: str, spec: str) -> dict[str, Any] | None:
+    """None where the venv holds no ipykernel and no spec names the stack's kernel; a failed section
+    where one still does (Jupyter would list a kernel that dies at once)."""
+    if not os.path.isfile(spec):
+        return None
+    cause = f"{spec} lists kernel {name}, but the venv {sys.prefix} holds no ipykernel: the kernel cannot start."
+    section = {"name": name, "spec": spec, "started": False, "ld_library_path": [], "loaded": {}, "seconds": 0.0}
+    return dict(section, ok=False, problems=[problem("kernel", cause, STALE_FIX)])
+
+
 def check(stack: str, kernel_dir: str, cuda_root: str, cuda: str, cudnn: str) -> dict[str, Any] | None:
     """Start stack ``stack``'s kernel and judge its cell; None where this venv holds no ipykernel."""
-    if not ipykernel_installed():
-        return None
-    started = time.monotonic()
     name = KERNEL_PREFIX + stack
     spec = os.path.join(kernel_dir, name, "kernel.json")
+    if not ipykernel_installed():
+        return stale_spec(name, spec)
+    started = time.monotonic()
     section: dict[str, Any] = {"name": name, "spec": spec, "started": False, "ld_library_path": [], "loaded": {}}
     failure = import_error()
     if failure:
@@ -181,7 +198,7 @@ def check(stack: str, kernel_dir: str, cuda_root: str, cuda: str, cudnn: str) ->
     else:
         sonames = {"libcudart": cudart_soname(cuda), "libcudnn": cudnn_soname(cudnn)}
         try:
-            doc, _ = run_cell(kernel_dir, name, CELL.replace("SONAMES", repr(sonames)))
+            doc = run_cell(kernel_dir, name, CELL.replace("SONAMES", repr(sonames)))
         except (RuntimeError, OSError, ValueError, KeyError) as error:
             problems = [
                 problem("kernel", f"Kernel {name} ({spec}) did not run a cell: {error}", RERUN_FIX.format(stack=stack))

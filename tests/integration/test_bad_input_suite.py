@@ -314,6 +314,19 @@ CASES = [
         ),
     ),
     Case(
+        "jupyter_kernel_dir_relative",
+        {
+            "tf_venv_jupyter_kernel_dir": "relative/kernels",
+            "gpu_verify_jupyter_kernel_dir": "/usr/local/share/jupyter/kernels",
+        },
+        ("tf_venv_jupyter_kernel_dir is relative/kernels", "an absolute path", "/usr/local/share/jupyter/kernels"),
+    ),
+    Case(
+        "verify_kernel_dir_relative",
+        {"gpu_verify_jupyter_kernel_dir": "kernels"},
+        ("gpu_verify_jupyter_kernel_dir is kernels", "an absolute folder on the host"),
+    ),
+    Case(
         "cuda_tmpdir_too_small",
         {"cuda_toolkit_tmpdir": SMALL_TMPFS},
         (

@@ -87,6 +87,11 @@ def test_one_lock_with_extras_into_a_folder_of_ones_own(tmp_path, fake_uv):
         ["--package", "tensorflow", "--tensorflow", "2.12", "--python", "3.10"],
         ["--package", "tensorflow", "--tensorflow", "2.12.1", "--python", "3"],
         ["--package", "tensorflow", "--tensorflow", "2.12.1", "--python", "3.10", "--extra", "pandas"],
+        ["--package", "tensorflow", "--tensorflow", "2.12.1", "--python", "3.10", "--extra", "ipykernel=="],
+        ["--package", "tensorflow", "--tensorflow", "2.12.1", "--python", "3.10", "--extra", "==6.29.5"],
+        ["--package", "tensorflow", "--tensorflow", "2.12.1", "--python", "3.10", "--extra", "ipykernel>=6.29"],
+        ["--package", "tensorflow", "--tensorflow", "2.12.1", "--python", "3.10", "--extra", "a==1 b==2"],
+        ["--package", "tensorflow", "--tensorflow", "2.12.1", "--python", "3.10", "--extra", "a==1\n--index-url x"],
     ],
 )
 def test_bad_arguments_exit_2(argv, fake_uv, capsys):

@@ -119,3 +119,16 @@ def test_a_kernel_that_does_not_start_fails_with_what_it_said(monkeypatch, tmp_p
     assert section["problems"][0]["cause"].endswith(
         "did not run a cell: Kernel died before replying to kernel_info; the kernel said: X"
     )
+
+
+def test_a_spec_left_where_the_venv_holds_no_ipykernel_fails_naming_the_spec(monkeypatch, tmp_path):
+    monkeypatch.setattr(kernel, "ipykernel_installed", lambda: False)
+    (tmp_path / "tf-stack-tf2.12").mkdir()
+    (tmp_path / "tf-stack-tf2.12" / "kernel.json").write_text("{}")
+    section = kernel.check("tf2.12", str(tmp_path), ROOT, "11.8", "8.6")
+    assert section["ok"] is False and section["started"] is False
+    (found,) = section["problems"]
+    assert found["cause"].startswith(
+        f"{tmp_path}/tf-stack-tf2.12/kernel.json lists kernel tf-stack-tf2.12, but the venv"
+    )
+    assert "no longer names ipykernel" in found["fix"]
