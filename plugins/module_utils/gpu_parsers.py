@@ -1,8 +1,10 @@
-"""One parser per output format of ``nvidia-smi``, ``lspci``, sysfs PCI devices and ``/proc/driver/nvidia/version``.
+"""One parser per output format of ``nvidia-smi``, ``lspci``, sysfs PCI devices, ``/proc/driver/nvidia/version``
+and the NVRM Xid lines of the kernel log.
 
 Shared by the ``nvidia_gpu_facts`` module, the ``gpu_driver_module_version`` and ``gpu_compute_apps``
-filters and the verification scripts in files/verify (gpu_verify copies this file beside them, and
-they import it as ``gpu_parsers``). Standard library only, Python 3.8+.
+filters, the verification scripts in files/verify (gpu_verify copies this file beside them, and
+they import it as ``gpu_parsers``) and the health check in files/health. Standard library only,
+Python 3.8+.
 No function here runs a command or reads a file, so each one is tested with canned output
 (tests/fixtures/nvidia_smi/).
 
@@ -36,6 +38,25 @@ Sources for the formats (all public):
   section "Verify the Driver Version" (https://docs.nvidia.com/cuda/cuda-installation-guide-linux/);
   its first line is ``NVRM version: NVIDIA UNIX x86_64 Kernel Module  <version>  <date>`` or, for
   the open kernel modules, ``NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  <version> ...``.
+- The health fields (:data:`HEALTH_FIELDS`): ``nvidia-smi --help-query-gpu`` of driver 590.48.01 as
+  captured in https://github.com/utkuozdemir/nvidia_gpu_exporter (``internal/captures/``), whose
+  query captures also show the values: ``Enabled``/``Disabled``, ``Active``/``Not Active``,
+  ``Yes``/``No`` and ``[N/A]`` (``retired_pages.pending`` on GPUs with row remapping instead).
+- ``nvidia-smi nvlink -s`` (:func:`parse_nvlink_status`): ``GPU <i>: <name> (UUID: GPU-...)``, then
+  one ``\\t Link <n>: <speed> GB/s`` line per link (H100/H200 captures of driver 590.48.01 in the
+  repository above), ``Link <n>: <inactive>`` for a link that is down (``nvidia-smi nvlink -s`` of a
+  V100 host in https://github.com/Azure/azhpc-diagnostics/issues/73), and in place of the link lines
+  one note: ``NVML: Unable to retrieve Nvlink information as all links are inActive`` (GeForce RTX
+  2080 SUPER, drivers 595 and 610), ``Device does not have or support Nvlink`` (L40S) or ``Nvlink
+  queries are not supported for Devices in MIG mode`` (H100/H200 in MIG mode), all in the captures.
+- Xid lines (:func:`parse_xid_events`): NVIDIA "XID Errors" (https://docs.nvidia.com/deploy/xid-errors/)
+  quotes the old form ``NVRM: Xid (0000:03:00): 14, Channel 00000001``; current drivers write
+  ``NVRM: Xid (PCI:0000:2b:00): 79, GPU has fallen off the bus.`` and most add ``pid=<n>,
+  name=<process>,`` or ``pid='<unknown>', name=<unknown>,`` before the message (kernel logs quoted
+  in https://github.com/NVIDIA/open-gpu-kernel-modules issues, e.g. #1151, and in
+  https://github.com/stas00/ml-engineering, ``compute/accelerator/nvidia/debug.md``). ``dmesg`` and
+  ``journalctl -k -o short-monotonic`` put the seconds since boot in brackets in front
+  (journalctl(1), ``--output``).
 """
 
 from __future__ import annotations
@@ -65,6 +86,34 @@ QUERY_FIELDS: tuple[str, ...] = (
 COMPUTE_APPS_FIELDS: tuple[str, ...] = ("pid", "process_name", "gpu_uuid", "used_memory")
 # --query-gpu fields read by :func:`parse_samples` (with ``-lms N``), in column order.
 SAMPLE_FIELDS: tuple[str, ...] = ("index", "utilization.gpu", "memory.used")
+# --query-gpu fields of the health check (files/health/gpu_health.py), in column order, read by
+# :func:`parse_health_query`. Named as ``nvidia-smi --help-query-gpu`` of current drivers names them;
+# older drivers know the four clock fields only as ``clocks_throttle_reasons.*`` (current ones take
+# both names, the help text says), so HEALTH_FIELDS_THROTTLE_NAMES is the same query for them.
+HEALTH_FIELDS: tuple[str, ...] = (
+    "index",
+    "pci.bus_id",
+    "uuid",
+    "name",
+    "driver_version",
+    "persistence_mode",
+    "pcie.link.gen.current",
+    "pcie.link.gen.max",
+    "pcie.link.width.current",
+    "pcie.link.width.max",
+    "ecc.errors.uncorrected.volatile.total",
+    "ecc.errors.uncorrected.aggregate.total",
+    "retired_pages.pending",
+    "remapped_rows.pending",
+    "remapped_rows.failure",
+    "clocks_event_reasons.hw_slowdown",
+    "clocks_event_reasons.hw_thermal_slowdown",
+    "clocks_event_reasons.sw_thermal_slowdown",
+    "clocks_event_reasons.hw_power_brake_slowdown",
+)
+HEALTH_FIELDS_THROTTLE_NAMES: tuple[str, ...] = tuple(
+    field.replace("clocks_event_reasons.", "clocks_throttle_reasons.") for field in HEALTH_FIELDS
+)
 
 NVIDIA_VENDOR_ID = "10de"
 # PCI class codes (PCI Code and ID Assignment Specification): 0300 VGA-compatible, 0302 3D controller
@@ -91,6 +140,18 @@ _LSPCI_NUMERIC = re.compile(
     rf"(?P<vendor>[0-9a-fA-F]{{4}}):(?P<device>[0-9a-fA-F]{{4}}){_LSPCI_TAIL}"
 )
 _DEVICE_LABEL = re.compile(r"^(GPU|NIC)\d+$")
+# nvidia-smi nvlink -s: a GPU line, then "Link <n>: <speed> GB/s" or "Link <n>: <inactive>" lines
+# (sources in the module docstring: driver 590.48.01 captures, Azure/azhpc-diagnostics#73).
+_NVLINK_GPU = re.compile(r"^GPU (\d+): (.*?)\s*\(UUID: ([^)]*)\)\s*$")
+_NVLINK_LINK = re.compile(r"^Link (\d+): (?:(\d+(?:\.\d+)?) GB/s|<inactive>)$")
+# Kernel log: "[<seconds since boot>] ... NVRM: Xid (PCI:dddd:bb:dd): <xid>, [pid=<pid>, name=<name>,] <message>"
+# (NVIDIA "XID Errors"; the pid/name part as newer drivers log it, quoted in NVIDIA/open-gpu-kernel-modules issues).
+_UPTIME = re.compile(r"\[\s*(\d+\.\d+)\]")
+_XID = re.compile(
+    r"NVRM: Xid \((?:PCI:)?(?P<bus>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2})(?:\.[0-7])?\): "
+    r"(?P<xid>\d+)(?:,\s*(?P<rest>.*))?$"
+)
+_XID_PROCESS = re.compile(r"^pid=(?P<pid>\d+|'?<unknown>'?),\s*name=(?P<name>[^,]*)(?:,\s*(?P<message>.*))?$")
 _NVLINK_CELL = re.compile(r"^NV(\d+)$")
 _VERSION = re.compile(r"^\d+(?:\.\d+)+$")
 
@@ -158,6 +219,31 @@ def _optional_bool(value: str, field: str) -> bool | None:
     raise ValueError(f"nvidia-smi field {field} is {value!r}, not Enabled or Disabled")
 
 
+# nvidia-smi's words for the two states of a flag: Enabled/Disabled (persistence_mode), Active/Not
+# Active (clocks_event_reasons.*), Yes/No (retired_pages.pending, remapped_rows.*; "Pending" in
+# some nvidia-smi -q sections).
+_STATE_WORDS = {
+    "enabled": True,
+    "active": True,
+    "yes": True,
+    "pending": True,
+    "disabled": False,
+    "not active": False,
+    "no": False,
+}
+
+
+def _optional_state(value: str, field: str) -> bool | None:
+    """``Enabled``/``Active``/``Yes``/``Pending`` -> True, ``Disabled``/``Not Active``/``No`` -> False,
+    a placeholder -> None; anything else is a parse error."""
+    if _is_placeholder(value):
+        return None
+    state = _STATE_WORDS.get(value.lower())
+    if state is None:
+        raise ValueError(f"nvidia-smi field {field} is {value!r}, not Enabled/Disabled, Active/Not Active or Yes/No")
+    return state
+
+
 def _bus_id_field(value: str, field: str) -> str:
     try:
         return normalize_bus_id(value)
@@ -183,12 +269,63 @@ _QUERY_GPU_KEYS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
 }
 
 
-def _query_record(values: list[str], fields: tuple[str, ...] | list[str]) -> dict[str, Any]:
+def _health_converter(field: str) -> Callable[[str, str], Any]:
+    if field == "index":
+        return _required_int
+    if field == "pci.bus_id":
+        return _bus_id_field
+    if field in ("uuid", "name"):
+        return _text
+    if field == "driver_version":
+        return _optional_str
+    if field.startswith(("pcie.", "ecc.")):
+        return _optional_int
+    return _optional_state
+
+
+# Health field -> (key, converter). Each key is the field with dots as underscores; the old
+# clocks_throttle_reasons.* names give the same keys as the clocks_event_reasons.* ones.
+_HEALTH_KEYS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
+    old: (new.replace(".", "_"), _health_converter(new))
+    for old, new in zip(HEALTH_FIELDS_THROTTLE_NAMES + HEALTH_FIELDS, HEALTH_FIELDS + HEALTH_FIELDS)
+}
+
+
+def _query_record(
+    values: list[str],
+    fields: tuple[str, ...] | list[str],
+    keys: Mapping[str, tuple[str, Callable[[str, str], Any]]],
+) -> dict[str, Any]:
     record: dict[str, Any] = {}
     for field, value in zip(fields, values):
-        key, convert = _QUERY_GPU_KEYS.get(field, (field.replace(".", "_"), _optional_str))
+        key, convert = keys.get(field, (field.replace(".", "_"), _optional_str))
         record[key] = convert(value, field)
     return record
+
+
+def _parse_query_rows(
+    text: str,
+    fields: tuple[str, ...] | list[str],
+    keys: Mapping[str, tuple[str, Callable[[str, str], Any]]],
+) -> list[dict[str, Any]]:
+    """The rows of ``--query-gpu=<fields> --format=csv,noheader,nounits`` output, one record each."""
+    lines = [line for line in _strip_ansi(text).splitlines() if line.strip()]
+    if any("no devices were found" in line.lower() for line in lines):
+        return []
+    gpus: list[dict[str, Any]] = []
+    for line_number, row in enumerate(csv.reader(lines, skipinitialspace=True), start=1):
+        values = [value.strip() for value in row]
+        where = f"line {line_number} of the nvidia-smi --query-gpu output"
+        if len(values) != len(fields):
+            raise ValueError(
+                f"{where} has {len(values)} fields, expected {len(fields)} ({','.join(fields)}): "
+                f"{lines[line_number - 1]!r}"
+            )
+        try:
+            gpus.append(_query_record(values, fields, keys))
+        except ValueError as exc:
+            raise ValueError(f"{where}: {exc}") from None
+    return gpus
 
 
 def parse_query_gpu(text: str, fields: tuple[str, ...] | list[str] = QUERY_FIELDS) -> list[dict[str, Any]]:
@@ -207,23 +344,7 @@ def parse_query_gpu(text: str, fields: tuple[str, ...] | list[str] = QUERY_FIELD
     Raises:
         ValueError: a line has the wrong number of fields or a field has an impossible value.
     """
-    lines = [line for line in _strip_ansi(text).splitlines() if line.strip()]
-    if any("no devices were found" in line.lower() for line in lines):
-        return []
-    gpus: list[dict[str, Any]] = []
-    for line_number, row in enumerate(csv.reader(lines, skipinitialspace=True), start=1):
-        values = [value.strip() for value in row]
-        where = f"line {line_number} of the nvidia-smi --query-gpu output"
-        if len(values) != len(fields):
-            raise ValueError(
-                f"{where} has {len(values)} fields, expected {len(fields)} ({','.join(fields)}): "
-                f"{lines[line_number - 1]!r}"
-            )
-        try:
-            gpus.append(_query_record(values, fields))
-        except ValueError as exc:
-            raise ValueError(f"{where}: {exc}") from None
-    return gpus
+    return _parse_query_rows(text, fields, _QUERY_GPU_KEYS)
 
 
 def _csv_cells(line: str) -> list[str]:
@@ -480,3 +601,99 @@ def parse_proc_driver_version(text: str | None) -> str | None:
             if _VERSION.match(token):
                 return token
     return None
+
+
+def parse_health_query(text: str, fields: tuple[str, ...] | list[str] = HEALTH_FIELDS) -> list[dict[str, Any]]:
+    """Parse ``nvidia-smi --query-gpu=<HEALTH_FIELDS> --format=csv,noheader,nounits`` (the health check).
+
+    ``fields`` is :data:`HEALTH_FIELDS` or :data:`HEALTH_FIELDS_THROTTLE_NAMES`, in the order given to
+    nvidia-smi. Returns one dict per GPU, keyed by field with dots as underscores (``pci_bus_id``,
+    ``ecc_errors_uncorrected_volatile_total``, ``clocks_event_reasons_hw_slowdown``; the clock keys
+    are the same under the old names): ``index`` and the ``pcie_*``/``ecc_*`` counts as ints, the
+    flags (``persistence_mode``, ``retired_pages_pending``, ``remapped_rows_*``,
+    ``clocks_event_reasons_*``) as booleans, ``pci_bus_id`` normalised. A field the GPU does not
+    support (``[N/A]``, ``[Not Supported]``, ``N/A``) is None, never an error. "No devices were
+    found" gives an empty list.
+
+    Raises:
+        ValueError: a line has the wrong number of fields or a field has an impossible value.
+    """
+    return _parse_query_rows(text, fields, _HEALTH_KEYS)
+
+
+def parse_nvlink_status(text: str) -> dict[int, dict[str, Any]]:
+    """Parse ``nvidia-smi nvlink -s`` (``--status``) into ``{index: {"uuid", "name", "links", "note"}}``.
+
+    ``links`` maps each link number to its speed in GB/s (float), or None for ``<inactive>``. A GPU
+    whose block has no link lines has ``links == {}``; ``note`` keeps the line the driver printed
+    instead (``... all links are inActive``, ``Device does not have or support Nvlink``, ``Nvlink
+    queries are not supported for Devices in MIG mode``), else None. Indentation (a tab and a
+    space) and blank lines do not matter; text before the first ``GPU`` line is ignored.
+
+    Raises:
+        ValueError: a ``Link`` line in a form this parser does not know.
+    """
+    gpus: dict[int, dict[str, Any]] = {}
+    current: dict[str, Any] | None = None
+    for raw in _strip_ansi(text).splitlines():
+        line = raw.strip()
+        header = _NVLINK_GPU.match(line)
+        if header:
+            current = {"uuid": header.group(3), "name": header.group(2), "links": {}, "note": None}
+            gpus[int(header.group(1))] = current
+            continue
+        if current is None or not line:
+            continue
+        link = _NVLINK_LINK.match(line)
+        if link:
+            current["links"][int(link.group(1))] = float(link.group(2)) if link.group(2) else None
+        elif line.startswith("Link "):
+            raise ValueError(f"nvidia-smi nvlink -s line in an unknown form: {line!r}")
+        elif current["note"] is None:
+            current["note"] = line
+    return gpus
+
+
+def _xid_process(rest: str) -> tuple[int | None, str | None, str]:
+    """``pid=1234, name=python3, <message>`` -> (1234, "python3", message); ``<unknown>`` -> None."""
+    match = _XID_PROCESS.match(rest)
+    if not match:
+        return None, None, rest
+    pid, name = match.group("pid"), match.group("name").strip()
+    return (
+        int(pid) if pid.isdigit() else None,
+        None if name in ("", "<unknown>") else name,
+        (match.group("message") or "").strip(),
+    )
+
+
+def parse_xid_events(text: str) -> list[dict[str, Any]]:
+    """The NVRM Xid events in kernel log text, as ``dmesg`` or ``journalctl -k`` print it.
+
+    Returns ``[{"bus_id", "xid", "pid", "process", "message", "uptime_seconds"}]`` in log order:
+    ``bus_id`` in the form of :func:`normalize_bus_id` (the log names ``domain:bus:device``; a GPU is
+    function 0, so ``.0`` is added), ``xid`` an int, ``pid``/``process`` the process the driver
+    names (None for ``<unknown>`` or the older lines without them), ``message`` the rest of the line,
+    ``uptime_seconds`` the ``[seconds since boot]`` that dmesg and ``journalctl -o short-monotonic``
+    print in front (also found after a syslog prefix; None when the line has none, as in
+    journalctl's default ``short``). Every other line is skipped.
+    """
+    events = []
+    for raw in _strip_ansi(text).splitlines():
+        line = raw.rstrip()
+        match = _XID.search(line)
+        if not match:
+            continue
+        pid, process, message = _xid_process((match.group("rest") or "").strip())
+        uptimes = _UPTIME.findall(line[: match.start()])
+        events.append(
+            {
+                "bus_id": normalize_bus_id(match.group("bus") + ".0"),
+                "xid": int(match.group("xid")),
+                "pid": pid,
+                "process": process,
+                "message": message,
+                "uptime_seconds": float(uptimes[-1]) if uptimes else None,
+            }
+        )
+    return events

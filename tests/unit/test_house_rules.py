@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 ROLES = sorted(p.name for p in (ROOT / "roles").iterdir() if p.is_dir())
 PRIVATE = re.compile(r"\b__([a-z][a-z0-9_]*)")
 MAX_FUNCTION_LINES = 60
-PRODUCT_PYTHON = ["plugins", "files/verify", "roles"]
+PRODUCT_PYTHON = ["plugins", "files/verify", "files/health", "roles"]
 
 
 def owner(private_name: str) -> str | None:

@@ -1,0 +1,263 @@
+"""gpu_health.py end to end, with a stand-in nvidia-smi written into tmp_path: a small Python script
+that answers the two command lines the check runs, ``--query-gpu=<fields>
+--format=csv,noheader,nounits`` (refusing fields it does not know, as nvidia-smi does) and ``nvlink
+-s``, from a JSON file beside it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import gpu_health
+import pytest
+from gpu_parsers import HEALTH_FIELDS
+
+ROOT = Path(__file__).resolve().parents[3]
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+SCRIPT = ROOT / "files" / "health" / "gpu_health.py"
+
+STANDIN = """
+import json
+import sys
+import time
+
+config = json.load(open(__file__ + ".json", encoding="utf-8"))
+time.sleep(config.get("sleep", 0))
+args = sys.argv[1:]
+if args == ["nvlink", "-s"]:
+    sys.stdout.write(config["nvlink"])
+    sys.exit(0)
+if len(args) == 2 and args[0].startswith("--query-gpu=") and args[1] == "--format=csv,noheader,nounits":
+    if config.get("fail"):
+        print(config["fail"]["output"])
+        sys.exit(config["fail"]["rc"])
+    fields = args[0][len("--query-gpu="):].split(",")
+    for field in fields:
+        # Current drivers take both names of the clock fields; older ones only clocks_throttle_reasons.
+        known = field.replace("clocks_throttle_reasons.", "clocks_event_reasons.")
+        if known not in config["gpus"][0] or (config.get("old_driver") and field.startswith("clocks_event_reasons.")):
+            print('Field "%s" is not a valid field to query.' % field)
+            sys.exit(2)
+    for gpu in config["gpus"]:
+        print(", ".join(gpu[field.replace("clocks_throttle_reasons.", "clocks_event_reasons.")] for field in fields))
+    sys.exit(0)
+print("Invalid combination of input arguments. Please run 'nvidia-smi -h' for help.")
+sys.exit(2)
+"""
+
+
+def fixture_text(name: str) -> str:
+    return (FIXTURES / name).read_text(encoding="utf-8")
+
+
+def smi_config(
+    query: str = "query-h100x8-healthy.csv", nvlink: str = "nvlink-s-h100x8.txt", **extra: Any
+) -> dict[str, Any]:
+    gpus = [dict(zip(HEALTH_FIELDS, line.split(", "))) for line in fixture_text(query).splitlines()]
+    return {"gpus": gpus, "nvlink": fixture_text(nvlink), **extra}
+
+
+def standin(tmp_path: Path, config: dict[str, Any]) -> str:
+    path = tmp_path / "bin" / "nvidia-smi"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(f"#!{sys.executable}\n" + STANDIN, encoding="utf-8")
+    path.chmod(0o755)
+    Path(str(path) + ".json").write_text(json.dumps(config), encoding="utf-8")
+    return str(path)
+
+
+def quiet_kernel_log(tmp_path: Path) -> str:
+    """A kernel log of a healthy boot: the driver loaded, no Xid."""
+    path = tmp_path / "kern.log"
+    path.write_text("".join(fixture_text("kernel-dmesg.txt").splitlines(keepends=True)[:5]), encoding="utf-8")
+    return str(path)
+
+
+def run(
+    tmp_path: Path, config: dict[str, Any], *extra: str, kernel_log: str | None = None
+) -> tuple[subprocess.CompletedProcess[str], float]:
+    argv = [
+        sys.executable,
+        str(SCRIPT),
+        "--nvidia-smi",
+        standin(tmp_path, config),
+        "--baseline",
+        str(FIXTURES / "baseline-h100x8.json"),
+        "--state",
+        str(tmp_path / "state" / "state.json"),
+        "--textfile",
+        str(tmp_path / "textfile" / "gpu_fleet_health.prom"),
+        "--kernel-log",
+        kernel_log or quiet_kernel_log(tmp_path),
+        "--proc-version",
+        str(FIXTURES / "proc-driver-nvidia-version.txt"),
+        *extra,
+    ]
+    started = time.monotonic()
+    done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=120)
+    return done, time.monotonic() - started
+
+
+def metrics(tmp_path: Path) -> str:
+    return (tmp_path / "textfile" / "gpu_fleet_health.prom").read_text(encoding="utf-8")
+
+
+def test_healthy_host_exits_0_with_no_finding(tmp_path: Path, metrics_problems: Any) -> None:
+    done, _ = run(tmp_path, smi_config())
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.startswith("gpu_health: healthy: 8 GPU(s), driver 550.54.15, 0 Xid event(s)")
+    text = metrics(tmp_path)
+    assert metrics_problems(text) == []
+    assert "gpu_fleet_health_up 1" in text.splitlines()
+    assert "gpu_fleet_health_finding" not in text
+    assert [p.name for p in (tmp_path / "textfile").iterdir()] == ["gpu_fleet_health.prom"]  # no temporary left
+    state = json.loads((tmp_path / "state" / "state.json").read_text(encoding="utf-8"))
+    assert gpu_health.read_state(str(tmp_path / "state" / "state.json")) == state["last_check_epoch"]
+
+
+def test_a_faulty_host_exits_1_with_the_findings(tmp_path: Path, metrics_problems: Any) -> None:
+    config = smi_config("query-h100x8-faults.csv", "nvlink-s-h100x8-link-down.txt")
+    done, _ = run(tmp_path, config, "--format", "json", kernel_log=str(FIXTURES / "kernel-dmesg.txt"))
+    assert done.returncode == 1, done.stdout + done.stderr
+    report = json.loads(done.stdout)
+    assert report["up"] is True and report["healthy"] is False and report["exit_code"] == 1
+    assert {item["check"] for item in report["findings"]} == {
+        "gpus",
+        "pcie",
+        "nvlink",
+        "ecc",
+        "xid",
+        "clocks",
+        "persistence",
+    }
+    assert report["checks"]["driver"] is True
+    text = metrics(tmp_path)
+    assert metrics_problems(text) == []
+    assert 'gpu_fleet_health_finding{check="gpus",bus_id="0000:db:00.0"} 1' in text
+    assert 'gpu_fleet_health_finding{check="nvlink",bus_id="0000:5d:00.0"} 1' in text
+    assert 'gpu_fleet_health_finding{check="xid",bus_id="0000:db:00.0"} 1' in text
+    assert 'gpu_fleet_health_check_ok{check="ecc"} 0' in text
+
+
+def test_a_hanging_nvidia_smi_exits_2_within_the_timeout(tmp_path: Path, metrics_problems: Any) -> None:
+    done, elapsed = run(tmp_path, smi_config(sleep=60), "--timeout", "1")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert elapsed < 15, f"took {elapsed:.1f} s"
+    assert "COULD NOT CHECK" in done.stdout and "did not answer within 1 s and was killed" in done.stdout
+    text = metrics(tmp_path)
+    assert metrics_problems(text) == []
+    assert "gpu_fleet_health_up 0" in text.splitlines()
+    assert not (tmp_path / "state" / "state.json").exists()
+
+
+def test_a_driver_before_clocks_event_reasons_is_asked_with_the_old_names(tmp_path: Path) -> None:
+    done, _ = run(tmp_path, smi_config(old_driver=True))
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_a_driver_library_mismatch_is_unhealthy(tmp_path: Path) -> None:
+    output = "Failed to initialize NVML: Driver/library version mismatch\nNVML library version: 550.90"
+    done, _ = run(tmp_path, smi_config(fail={"rc": 18, "output": output}), "--format", "json")
+    assert done.returncode == 1, done.stdout + done.stderr
+    report = json.loads(done.stdout)
+    assert set(report["checks"]) == {"xid", "driver"}
+    (mismatch,) = [item for item in report["findings"] if "differ" in item["cause"]]
+    assert "(550.90) and the loaded kernel module (550.54.15)" in mismatch["cause"]
+
+
+@pytest.mark.parametrize(
+    ("config", "extra", "expected"),
+    [
+        (
+            {
+                "fail": {
+                    "rc": 9,
+                    "output": "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.",
+                }
+            },
+            [],
+            "exit status 9",
+        ),
+        ({}, ["--baseline", "/nonexistent/baseline.json"], "The baseline /nonexistent/baseline.json could not be read"),
+    ],
+)
+def test_could_not_check_exits_2(tmp_path: Path, config: dict[str, Any], extra: list[str], expected: str) -> None:
+    done, _ = run(tmp_path, {**smi_config(), **config}, *extra)
+    assert done.returncode == 2 and expected in done.stdout, done.stdout + done.stderr
+    assert "gpu_fleet_health_up 0" in metrics(tmp_path)
+
+
+def test_missing_nvidia_smi_exits_2(tmp_path: Path) -> None:
+    argv = [
+        sys.executable,
+        str(SCRIPT),
+        "--nvidia-smi",
+        str(tmp_path / "absent"),
+        "--baseline",
+        str(FIXTURES / "baseline-h100x8.json"),
+    ]
+    done = subprocess.run(
+        [*argv, "--state", "", "--kernel-log", quiet_kernel_log(tmp_path)], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 2 and "Could not run nvidia-smi" in done.stdout
+
+
+def test_help_is_man_style_and_runs_from_a_clone_without_pythonpath() -> None:
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    done = subprocess.run([sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True, check=False, env=env)
+    assert done.returncode == 0, done.stderr
+    for section in ("DESCRIPTION", "OPTIONS", "EXIT STATUS", "FILES", "SEE ALSO"):
+        assert f"\n{section}" in done.stdout, section
+    assert "--timeout SECONDS" in done.stdout and "(default: 20)" in done.stdout
+
+
+def test_run_command_kills_the_whole_process_group() -> None:
+    started = time.monotonic()
+    with pytest.raises(gpu_health.CommandTimeout):
+        gpu_health.run_command(["sh", "-c", "sleep 60 & sleep 60; wait"], 0.5)
+    assert time.monotonic() - started < 5
+
+
+def write_command(folder: Path, name: str, body: str) -> None:
+    folder.mkdir(exist_ok=True)
+    (folder / name).write_text(f"#!{sys.executable}\nimport sys\n{body}\n", encoding="utf-8")
+    (folder / name).chmod(0o755)
+
+
+def test_the_kernel_log_comes_from_journalctl_since_the_last_check(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = FIXTURES / "kernel-journal-short-monotonic.txt"
+    body = f"open({str(tmp_path / 'args')!r}, 'w').write(' '.join(sys.argv[1:]))\nsys.stdout.write(open({str(log)!r}).read())"
+    write_command(tmp_path / "bin", "journalctl", body)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    events = gpu_health.read_kernel_log(None, 1717171717.9, 5)
+    assert (tmp_path / "args").read_text() == "-k --since @1717171717 -o short-monotonic --no-pager"
+    assert [event["xid"] for event in events] == [119, 154]
+    gpu_health.read_kernel_log(None, None, 5)
+    assert (tmp_path / "args").read_text() == "-k -b -o short-monotonic --no-pager"
+
+
+def test_dmesg_when_journalctl_fails_keeps_the_lines_after_the_last_check(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_command(tmp_path / "bin", "journalctl", "sys.exit(1)")
+    write_command(tmp_path / "bin", "dmesg", f"sys.stdout.write(open({str(FIXTURES / 'kernel-dmesg.txt')!r}).read())")
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setattr(gpu_health, "boot_epoch", lambda: 1_000_000.0)
+    events = gpu_health.read_kernel_log(None, 1_000_000.0 + 10_000, 5)
+    assert [event["xid"] for event in events] == [79]
+    assert len(gpu_health.read_kernel_log(None, None, 5)) == 5
+
+
+def test_no_kernel_log_at_all_could_not_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    write_command(tmp_path / "bin", "journalctl", "sys.exit(1)")
+    write_command(tmp_path / "bin", "dmesg", "sys.exit(1)")
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
+    with pytest.raises(gpu_health.CouldNotCheck, match="kernel log could not be read"):
+        gpu_health.read_kernel_log(None, None, 5)
