@@ -677,7 +677,7 @@ def judge_clocks(gpus: list[dict[str, Any]]) -> list[Finding]:
     """Hardware slowdown, thermal slowdown (hardware or software) or power brake holding clocks down."""
     findings = []
     for gpu in gpus:
-        active = [words for key, words, _ in CLOCK_REASONS if gpu.get(key)]
+        active = [words for key, words, _reason in CLOCK_REASONS if gpu.get(key)]
         if active:
             cause = f"The clocks of GPU {gpu['pci_bus_id']} are held down by {', '.join(active)}."
             findings.append(finding("clocks", gpu["pci_bus_id"], cause, FIX_CLOCKS))
@@ -950,7 +950,7 @@ def _gpu_families(report: dict[str, Any]) -> list[Family]:
     clocks = [
         ({"bus_id": row["pci_bus_id"], "reason": reason}, float(row[key]))
         for row in rows
-        for key, _, reason in CLOCK_REASONS
+        for key, _words, reason in CLOCK_REASONS
         if row.get(key) is not None
     ]
     families.append(
