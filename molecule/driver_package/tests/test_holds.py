@@ -4,7 +4,6 @@ puts it back, and only it (the driver playbook, one host; testinfra's host plus 
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +14,7 @@ ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "tests"))
 
 from ansible_run import run_playbook
+from snapshots import write_inventory
 
 HOST = "molecule-drvpkg-new"
 LIFTED = "nvidia-smi"
@@ -28,11 +28,7 @@ def held() -> set[str]:
 
 @pytest.fixture(scope="module")
 def inventory(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("holds") / "inventory"
-    folder.mkdir()
-    hosts = {"gpu_hosts": {"hosts": {HOST: {"ansible_connection": "gpu_fleet.tf_hosts.podman_pipelined"}}}}
-    (folder / "hosts.yml").write_text(json.dumps(hosts))
-    (folder / "group_vars").symlink_to(ROOT / "inventories/sandbox/group_vars")
+    folder = write_inventory(tmp_path_factory.mktemp("holds") / "inventory", HOST, {})
     (folder / "host_vars").symlink_to(ROOT / "molecule/driver_package/host_vars")
     return folder
 
