@@ -38,7 +38,7 @@ help:
 	@echo "make ee          the AWX/Automation Platform execution environment image (needs podman)"
 	@echo "make clean       remove build outputs, reports, Ansible's local state and the test hosts' snapshots"
 	@echo "Building blocks (the targets above run them as needed):"
-	@echo "make deps        apt packages: podman, runc, debootstrap, makeself, gcc, xz-utils, chromium, python3-venv"
+	@echo "make deps        apt packages: podman, runc, debootstrap, makeself, gcc, xz-utils, chromium, python3-venv; promtool"
 	@echo "make venv        the controller's Python venv .venv with requirements.txt"
 	@echo "make image       the sandbox's Debian 12 image (debootstrap; once)"
 	@echo "make standins    the stand-ins for NVIDIA's installers under build/"

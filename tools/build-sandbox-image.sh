@@ -9,7 +9,8 @@
 # a sysfs-like list of the 2 GPUs that the stand-in nvidia-smi describes (written by
 # tests/fixtures/nvidia/pci_sysfs.py). A container's /sys is this machine's, which has no NVIDIA
 # GPU; the sandbox inventory points gpu_preflight_pci_devices_path there. An image pulled from a
-# registry lacks it: preflight then falls back to lspci and nvidia-smi.
+# registry lacks it: preflight then falls back to lspci and nvidia-smi. It also holds an empty
+# /var/log/kern.log, the kernel log the sandbox inventory gives the health check.
 #
 # The image carries a label with a hash of its inputs (this script, the fixture writer and the GPU
 # description); an image whose label differs is rebuilt, so `make image` picks up fixture changes.
@@ -41,6 +42,8 @@ echo "debootstrap $suite into $rootfs (about a minute)"
 debootstrap --variant=minbase --include=python3,python3-apt,sudo,ca-certificates \
   "$suite" "$rootfs" "$mirror" >/dev/null
 python3 "$fixtures/pci_sysfs.py" --out "$rootfs$pci_devices"
+# No kernel log of its own in a container: an empty rsyslog-style file for the health check to read.
+: >"$rootfs/var/log/kern.log"
 tar -C "$rootfs" -c . \
   | podman import --change 'CMD ["/bin/bash"]' --change "LABEL $label=$inputs" - "$image" >/dev/null
 echo "built $image"

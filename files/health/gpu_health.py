@@ -9,18 +9,37 @@ One run reads, each command under ``--timeout`` seconds (killed, with its childr
   --no-pager`` (``-b`` instead of ``--since`` on the first run), or ``dmesg`` when journalctl is
   missing or fails (then only lines after the last check's uptime count), or ``--kernel-log FILE``;
 - ``/proc/driver/nvidia/version`` (the loaded kernel module);
+- the PCI bus from sysfs: ``<--pci-devices>/<bus id>/{vendor,device,class}`` (default
+  ``/sys/bus/pci/devices``), readable whether or not a driver is loaded;
+- ``systemctl is-active nvidia-fabricmanager``, only where the baseline expects the fabric manager;
+- each stack's venv (``lib/python3.*/site-packages/*.dist-info/METADATA``, read without running its
+  Python) and its lock;
 - the baseline (``--baseline``) and the Xid catalog (``data/xid.yml``, ``--xid-catalog``).
 
 It judges them with one pure function per check, each returning findings ``{"check", "bus_id",
 "cause", "fix"}`` (bus_id None for the host): ``gpus`` (count, and each bus id of the baseline),
-``pcie`` (link width below its maximum or the baseline; link generation maximum below the
-baseline), ``nvlink`` (active links below the baseline), ``ecc`` (uncorrectable volatile or
-aggregate errors, pages pending retirement, rows pending remapping, a remapping failure), ``xid``
-(each Xid, grouped by GPU and number, with the catalog's meaning and action), ``clocks`` (hardware
-slowdown, thermal slowdown or power brake active), ``persistence`` (off) and ``driver`` (user space
-against the loaded kernel module, and against the baseline's pinned version). A field the GPU does
-not report (``[N/A]``) is never a finding. The current PCIe *generation* is not judged: the driver
-lowers it while the GPU idles (``nvidia-smi --help-query-gpu``, ``pcie.link.gen.current``).
+``pci`` (a GPU of the baseline gone from the PCI bus, a GPU on the bus that nvidia-smi does not
+list, the count on the bus below expected_gpus), ``pcie`` (link width below its maximum or the
+baseline; link generation maximum below the baseline), ``nvlink`` (active links below the
+baseline), ``fabric_manager`` (not active where the baseline expects it), ``ecc`` (uncorrectable
+volatile or aggregate errors, pages pending retirement, rows pending remapping, a remapping
+failure), ``xid`` (each Xid, grouped by GPU and number, with the catalog's meaning and action),
+``clocks`` (hardware slowdown, thermal slowdown or power brake active), ``persistence`` (off),
+``driver`` (user space against the loaded kernel module, and against the baseline's pinned
+version) and ``venv`` (each stack's venv against its lock, or the venv or lock gone). A field the
+GPU does not report (``[N/A]``) is never a finding. The current PCIe *generation* is not judged:
+the driver lowers it while the GPU idles (``nvidia-smi --help-query-gpu``,
+``pcie.link.gen.current``). The pci, fabric manager and venv checks are in gpu_health_checks.py
+beside this file.
+
+A check whose input cannot be read is *skipped*: neither a finding nor "could not check"; the report
+names it with why (``skipped``). That is the pci check when the PCI folder cannot be read or lacks
+a GPU that nvidia-smi lists (NVML lists only GPUs on the bus: a container sees another machine's
+``/sys``), and the fabric_manager check when systemctl is missing, hangs or prints no unit state
+(no systemd). Checks that need nvidia-smi's GPU list (gpus, pci, pcie, nvlink, ecc, clocks,
+persistence) do not run when NVML reports a driver/library version mismatch. A check the baseline
+asks nothing of (fabric_manager without ``fabric_manager_expected``, venv without ``stacks``) does
+not run either.
 
 Then it writes Prometheus metrics for node_exporter's textfile collector (``--textfile``, written to
 a temporary file in the same folder, then renamed over the old one, so the collector never reads
@@ -35,6 +54,7 @@ part of the file)::
       "schema": 1,
       "expected_gpus": 8,                    # GPUs nvidia-smi must list
       "driver_version": "550.54.15",        # the pinned driver; null: not judged
+      "recorded_at": "2024-05-31T16:08:37Z", # written by --record-baseline; not read
       "gpus": {                              # by PCI bus id, in any form lspci or nvidia-smi prints
         "0000:18:00.0": {
           "pcie_link_gen_max": 5,            # all counts optional: null or absent is not judged
@@ -42,18 +62,37 @@ part of the file)::
           "pcie_link_gen_current": 5,        # recorded, not judged (see above)
           "pcie_link_width_current": 16,
           "nvlink_active_links": 18,         # 0 or absent: no NVLink expected
-          "fabric_manager_expected": true    # NVSwitch system: its links need nvidia-fabricmanager
+          "fabric_manager_expected": true    # NVSwitch system: its links need nvidia-fabricmanager,
+        }                                    # which must be active (on any GPU: checked for the host)
+      },
+      "stacks": {                            # optional; absent or {}: no venv is judged
+        "tf-2.12": {                         # a TensorFlow stack's name
+          "venv": "/opt/tensorflow/2.12",    # absolute paths
+          "lock": "/opt/tensorflow/2.12/tf-lock.txt"   # optional, default <venv>/tf-lock.txt
         }
       }
     }
+
+``--record-baseline`` writes that file (atomically: a temporary file renamed over it) from what the
+host shows now: nvidia-smi's GPUs with their PCIe link and active NVLinks (``nvidia-smi nvlink
+-s``), plus ``--expected-gpus N`` (required), ``--driver-version V`` (else null),
+``--fabric-manager-expected`` (on every GPU) and each ``--stack NAME=VENV[,LOCK]``. It records only
+from a healthy host: when nvidia-smi lists other than N GPUs, or any check but xid (which reads the
+kernel log since a last check) finds anything against the baseline it would write (a degraded PCIe
+link, ECC errors pending, persistence off, a GPU off the PCI bus, the fabric manager down, a venv
+off its lock, another driver than ``--driver-version``), it writes nothing, prints the findings and
+exits 2. On success it prints the baseline (text, or JSON ``{"recorded", "path", "baseline",
+"findings", "skipped"}``) and exits 0. ``--state``, ``--textfile`` and ``--kernel-log`` are not used
+in this mode.
 
 State (``--state``): ``{"last_check_epoch": 1717171717.0, "last_check": "2024-05-31T16:08:37Z"}``.
 
 Metrics (names ``gpu_fleet_health_*``, base units, ``_total`` only on counters; per-GPU series carry a
 ``bus_id`` label): ``up`` (1 when the check ran, 0 when it could not check),
-``last_run_timestamp_seconds``, ``check_ok{check}``, ``finding{check,bus_id}`` (the number of
-findings, 1 each; ``bus_id=""`` for the host), ``gpu_present``, ``pcie_link_generation[_max]``,
-``pcie_link_width[_max]``, ``nvlink_active_links``, ``nvlink_expected_links``,
+``last_run_timestamp_seconds``, ``check_ok{check}`` (each check that ran), ``check_skipped{check}``
+(1 per skipped check), ``finding{check,bus_id}`` (the number of findings, 1 each; ``bus_id=""`` for
+the host), ``gpu_present``, ``gpu_on_pci_bus`` (1 on the bus, 0 gone; when the bus was read),
+``pcie_link_generation[_max]``, ``pcie_link_width[_max]``, ``nvlink_active_links``, ``nvlink_expected_links``,
 ``ecc_uncorrected_volatile_errors_total``, ``ecc_uncorrected_aggregate_errors_total``,
 ``retired_pages_pending``, ``remapped_rows_pending``, ``remapped_rows_failure``,
 ``clocks_event_active{reason}``, ``persistence_mode``, ``xid_events{xid}`` (since the last check) and
@@ -63,14 +102,20 @@ naming" (https://prometheus.io/docs/practices/naming/).
 
 Exit codes: 0 healthy, 1 unhealthy (at least one finding), 2 could not check (nvidia-smi missing,
 failing or hanging, the baseline, the Xid catalog or the kernel log unreadable) or a usage error.
+``--record-baseline``: 0 written, 2 refused, could not observe or not written, or a usage error.
 
 Sources: nvidia-smi(1) (https://docs.nvidia.com/deploy/nvidia-smi/index.html) and ``nvidia-smi
 --help-query-gpu`` for the fields; NVIDIA "XID Errors" (https://docs.nvidia.com/deploy/xid-errors/)
 for the Xids; NVIDIA "GPU Memory Error Management"
 (https://docs.nvidia.com/deploy/a100-gpu-mem-error-mgmt/, "Error Recovery and Response Flags") and
 "Dynamic Page Retirement" (https://docs.nvidia.com/deploy/dynamic-page-retirement/) for pending
-row remaps (a GPU reset applies them) and page retirements (a driver reload or reboot). Standard
-library only, Python 3.9+.
+row remaps (a GPU reset applies them) and page retirements (a driver reload or reboot); the
+sources of the pci, fabric manager and venv checks are in gpu_health_checks.py. Standard library
+only, Python 3.8+.
+
+On a host, these files sit in one folder: gpu_health.py, gpu_health_checks.py, gpu_parsers.py and
+gpu_lock.py (from plugins/module_utils) and xid.yml (data/xid.yml). In a clone, the modules of
+plugins/module_utils are found through this file's place in the collection.
 """
 
 from __future__ import annotations
@@ -85,19 +130,33 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any, Dict, List, NamedTuple, Tuple
 
 try:
     import gpu_parsers
 except ImportError:  # a clone of the collection: the shared parsers are in plugins/module_utils
     sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "plugins", "module_utils"))
     import gpu_parsers
+import gpu_health_checks as checks  # beside this file, in a clone and on a host
 
 EXIT_HEALTHY = 0
 EXIT_UNHEALTHY = 1
 EXIT_COULD_NOT_CHECK = 2
 
-CHECKS = ("gpus", "pcie", "nvlink", "ecc", "xid", "clocks", "persistence", "driver")
+CHECKS = (
+    "nvidia_smi",
+    "gpus",
+    "pci",
+    "pcie",
+    "nvlink",
+    "fabric_manager",
+    "ecc",
+    "xid",
+    "clocks",
+    "persistence",
+    "driver",
+    "venv",
+)
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_BASELINE = "/var/lib/gpu-health/baseline.json"
 DEFAULT_STATE = "/var/lib/gpu-health/state.json"
@@ -173,12 +232,8 @@ FIX_DRIVER_PIN = (
     "verification so it writes a new baseline."
 )
 
-Finding = dict[str, Any]
-
-
-def finding(check: str, bus_id: str | None, cause: str, fix: str) -> Finding:
-    """One finding: which check, which GPU (None: the host), what is wrong and what to do."""
-    return {"check": check, "bus_id": bus_id, "cause": cause, "fix": fix[:1].upper() + fix[1:]}
+Finding = Dict[str, Any]  # typing's generics: dict[...] outside annotations needs Python 3.9
+finding = checks.finding
 
 
 class CouldNotCheck(Exception):
@@ -188,6 +243,11 @@ class CouldNotCheck(Exception):
         super().__init__(cause)
         self.cause = cause
         self.fix = fix
+
+
+class NvidiaSmiHung(CouldNotCheck):
+    """nvidia-smi did not answer in time: a finding of the check ``nvidia_smi`` (exit status 1), as a GPU
+    in a bad state keeps NVML waiting; the checks that need its answer do not run."""
 
 
 class CommandTimeout(Exception):
@@ -242,7 +302,7 @@ def run_nvidia_smi(argv: Sequence[str], timeout: float) -> CommandResult:
     except OSError as exc:
         raise CouldNotCheck(f"Could not run nvidia-smi ({exc.strerror}): {argv[0]}.", FIX_NVIDIA_SMI_MISSING) from None
     except CommandTimeout:
-        raise CouldNotCheck(
+        raise NvidiaSmiHung(
             f"`{' '.join(argv)}` did not answer within {timeout:g} s and was killed.", FIX_HANG
         ) from None
 
@@ -313,6 +373,13 @@ def boot_epoch(proc_uptime: str = "/proc/uptime") -> float | None:
         return None
 
 
+def since_last_check(events: list[dict[str, Any]], since_epoch: float | None) -> list[dict[str, Any]]:
+    """The events of a whole kernel log (dmesg, a file) stamped after the last check: their seconds
+    since boot against the last check's (all of them on a first run or without /proc/uptime)."""
+    booted = boot_epoch() if since_epoch else None
+    return events_after(events, since_epoch - booted if since_epoch and booted else None)
+
+
 def read_kernel_log(path: str | None, since_epoch: float | None, timeout: float) -> list[dict[str, Any]]:
     """The Xid events of the kernel log since the last check (all of ``path`` when given).
 
@@ -322,7 +389,7 @@ def read_kernel_log(path: str | None, since_epoch: float | None, timeout: float)
     if path:
         try:
             with open(path, encoding="utf-8", errors="replace") as handle:
-                return gpu_parsers.parse_xid_events(handle.read())
+                return since_last_check(gpu_parsers.parse_xid_events(handle.read()), since_epoch)
         except OSError as exc:
             raise CouldNotCheck(
                 f"The kernel log {path} could not be read ({exc.strerror}).", "Pass a readable --kernel-log."
@@ -339,10 +406,7 @@ def read_kernel_log(path: str | None, since_epoch: float | None, timeout: float)
             ) from None
         if result.rc == 0:
             events = gpu_parsers.parse_xid_events(result.stdout)
-            if argv[0] == "dmesg" and since_epoch:
-                booted = boot_epoch()
-                events = events_after(events, since_epoch - booted if booted else None)
-            return events
+            return since_last_check(events, since_epoch) if argv[0] == "dmesg" else events
     raise CouldNotCheck(
         "The kernel log could not be read: neither `journalctl -k` nor `dmesg` answered.",
         "Run the check as root (dmesg needs it where kernel.dmesg_restrict is 1) or pass --kernel-log.",
@@ -389,6 +453,7 @@ def validate_baseline(document: Any) -> dict[str, Any]:
         "expected_gpus": expected,
         "driver_version": driver,
         "gpus": {gpu_parsers.normalize_bus_id(bus): _baseline_gpu(bus, entry) for bus, entry in gpus.items()},
+        "stacks": checks.validate_stacks(document.get("stacks")),
     }
 
 
@@ -705,6 +770,11 @@ def user_space_version(gpus: list[dict[str, Any]] | None, mismatch: dict[str, An
     return next((gpu["driver_version"] for gpu in gpus or [] if gpu.get("driver_version")), None)
 
 
+def same_version(version: str | None, pinned: str | None) -> bool:
+    """Whether ``version`` is the pinned driver; NVML names only ``major.minor`` on a mismatch."""
+    return bool(version and pinned and (version == pinned or pinned.startswith(version + ".")))
+
+
 def judge_driver(
     gpus: list[dict[str, Any]] | None,
     module_version: str | None,
@@ -722,10 +792,31 @@ def judge_driver(
         )
         findings.append(finding("driver", None, cause, FIX_DRIVER_MISMATCH))
     pinned, running = baseline.get("driver_version"), module_version or user_space
-    if pinned and running and running != pinned:
+    if findings and same_version(user_space, pinned):
+        return findings  # the pinned driver is installed: the reboot of the fix above loads it
+    if pinned and running and not same_version(running, pinned):
         cause = f"Driver {running} is loaded; the baseline (the last passing verification) pins {pinned}."
         findings.append(finding("driver", None, cause, FIX_DRIVER_PIN))
     return findings
+
+
+def judge_host(observed: dict[str, Any], baseline: dict[str, Any]) -> dict[str, list[Finding]]:
+    """The checks of gpu_health_checks that the baseline asks for and the observations allow: pci
+    (with the GPUs nvidia-smi lists), fabric_manager (where expected) and venv (with stacks)."""
+    results = {"venv": checks.judge_venv(observed.get("stacks") or {})} if baseline["stacks"] else {}
+    if observed["gpus"] is not None and observed.get("pci") is not None:
+        results["pci"] = checks.judge_pci(observed["gpus"], observed["pci"], baseline)
+    fabric = observed.get("fabric_manager") or {}
+    if checks.fabric_manager_expected(baseline) and fabric.get("state"):
+        driver = observed["module_version"] or user_space_version(observed["gpus"], observed["mismatch"])
+        results["fabric_manager"] = checks.judge_fabric_manager(fabric["state"], driver)
+    return results
+
+
+def skipped_checks(observed: dict[str, Any]) -> dict[str, str]:
+    """The checks whose input could not be read, and why: {check: note}."""
+    notes = {"pci": observed.get("pci_note"), "fabric_manager": (observed.get("fabric_manager") or {}).get("note")}
+    return {check: note for check, note in notes.items() if note}
 
 
 def judge(observed: dict[str, Any], baseline: dict[str, Any], catalog: dict[str, Any]) -> dict[str, list[Finding]]:
@@ -734,9 +825,11 @@ def judge(observed: dict[str, Any], baseline: dict[str, Any], catalog: dict[str,
     results = {
         "xid": judge_xid(observed["xid_events"], catalog),
         "driver": judge_driver(gpus, observed["module_version"], baseline, observed["mismatch"]),
+        **judge_host(observed, baseline),
     }
-    if gpus is not None:  # None: nvidia-smi could not talk to the driver, only the driver check applies
+    if gpus is not None:  # None: nvidia-smi could not talk to the driver, only the checks above apply
         results.update(
+            nvidia_smi=[],  # it answered (a hang ends the check before: hung_report)
             gpus=judge_gpus(gpus, baseline),
             pcie=judge_pcie(gpus, baseline),
             nvlink=judge_nvlink(gpus, observed["nvlink"], observed["nvlink_error"], baseline),
@@ -747,22 +840,64 @@ def judge(observed: dict[str, Any], baseline: dict[str, Any], catalog: dict[str,
     return {check: results[check] for check in CHECKS if check in results}
 
 
-def observe(args: argparse.Namespace, since_epoch: float | None) -> dict[str, Any]:
-    """Everything the checks read from this host (see the module docstring)."""
+def read_fabric_manager(systemctl: str, timeout: float) -> dict[str, str | None]:
+    """``{"state", "note"}`` of nvidia-fabricmanager (:func:`gpu_health_checks.fabric_manager_answer`);
+    a missing or hanging systemctl gives no state and a note."""
+    argv = [systemctl, "is-active", checks.FABRIC_MANAGER_UNIT]
+    try:
+        result = run_command(argv, timeout)
+    except OSError as exc:
+        return {"state": None, "note": f"`{argv[0]}` could not be run ({exc.strerror})"}
+    except CommandTimeout:
+        return {"state": None, "note": f"`{' '.join(argv)}` did not answer within {timeout:g} s"}
+    return checks.fabric_manager_answer(" ".join(argv), result.stdout, result.stderr)
+
+
+def observe_devices(args: argparse.Namespace, fabric_expected: bool, stacks: dict[str, Any]) -> dict[str, Any]:
+    """nvidia-smi, the loaded module, the PCI bus, the fabric manager (asked only when expected) and
+    the stacks' venvs (``{name: {"venv", "lock"}}``): what both the check and --record-baseline read."""
     gpus, mismatch = query_gpus(args.nvidia_smi, args.timeout)
     nvlink, nvlink_error = read_nvlink(args.nvidia_smi, args.timeout) if gpus else (None, None)
+    listed = [gpu["pci_bus_id"] for gpu in gpus or []]
+    pci, pci_note = checks.pci_gpus(args.pci_devices, listed) if gpus is not None else (None, None)
+    fabric = read_fabric_manager(args.systemctl, args.timeout) if fabric_expected else None
     return {
         "gpus": gpus,
         "mismatch": mismatch,
         "nvlink": nvlink,
         "nvlink_error": nvlink_error,
-        "xid_events": read_kernel_log(args.kernel_log, since_epoch, args.timeout),
         "module_version": read_module_version(args.proc_version),
+        "pci": pci,
+        "pci_note": pci_note,
+        "fabric_manager": fabric,
+        "stacks": {name: checks.read_stack(stack["venv"], stack["lock"]) for name, stack in stacks.items()},
     }
 
 
+def observe(args: argparse.Namespace, since_epoch: float | None, baseline: dict[str, Any]) -> dict[str, Any]:
+    """Everything the checks read from this host (see the module docstring)."""
+    observed = observe_devices(args, checks.fabric_manager_expected(baseline), baseline["stacks"])
+    observed["xid_events"] = read_kernel_log(args.kernel_log, since_epoch, args.timeout)
+    return observed
+
+
+def _unlisted_rows(listed: set[str], on_bus: set[str] | None, baseline: dict[str, Any]) -> list[dict[str, Any]]:
+    """Rows of the GPUs nvidia-smi does not list: the baseline's, then those only on the PCI bus."""
+    rows = [
+        {"pci_bus_id": bus_id, "present": False, "nvlink_expected_links": base.get("nvlink_active_links")}
+        for bus_id, base in sorted(baseline["gpus"].items())
+        if bus_id not in listed
+    ]
+    rows += [
+        {"pci_bus_id": bus_id, "present": False}
+        for bus_id in sorted((on_bus or set()) - listed - set(baseline["gpus"]))
+    ]
+    return rows
+
+
 def gpu_rows(observed: dict[str, Any], baseline: dict[str, Any]) -> list[dict[str, Any]]:
-    """The GPUs for the report and the metrics: those nvidia-smi lists, then the baseline's missing ones."""
+    """The GPUs for the report and the metrics: those nvidia-smi lists, then the baseline's missing
+    ones and those on the PCI bus that it does not list; ``on_pci_bus`` None when the bus was not read."""
     rows = []
     for gpu in observed["gpus"] or []:
         base = baseline["gpus"].get(gpu["pci_bus_id"], {})
@@ -776,13 +911,11 @@ def gpu_rows(observed: dict[str, Any], baseline: dict[str, Any]) -> list[dict[st
                 "nvlink_expected_links": base.get("nvlink_active_links"),
             }
         )
+    on_bus = set(observed["pci"]) if observed.get("pci") is not None else None
     if observed["gpus"] is not None:
-        seen = {row["pci_bus_id"] for row in rows}
-        rows += [
-            {"pci_bus_id": bus_id, "present": False, "nvlink_expected_links": base.get("nvlink_active_links")}
-            for bus_id, base in sorted(baseline["gpus"].items())
-            if bus_id not in seen
-        ]
+        rows += _unlisted_rows({row["pci_bus_id"] for row in rows}, on_bus, baseline)
+    for row in rows:
+        row["on_pci_bus"] = None if on_bus is None else row["pci_bus_id"] in on_bus
     return rows
 
 
@@ -799,6 +932,7 @@ def build_report(
         "checked_at_epoch": now,
         "error": None,
         "checks": {check: not items for check, items in results.items()},
+        "skipped": skipped_checks(observed),
         "findings": findings,
         "gpus": gpu_rows(observed, baseline),
         "driver": {
@@ -807,6 +941,16 @@ def build_report(
             "baseline": baseline["driver_version"],
         },
         "xid_events": observed["xid_events"],
+    }
+
+
+def hung_report(now: float, error: NvidiaSmiHung) -> dict[str, Any]:
+    """The outcome of a check whose nvidia-smi hung: the finding ``nvidia_smi``, exit status 1."""
+    found = finding("nvidia_smi", None, error.cause, error.fix)
+    return {
+        **failed_report(now, error),
+        **{"up": True, "healthy": False, "exit_code": EXIT_UNHEALTHY, "error": None},
+        **{"checks": {"nvidia_smi": False}, "findings": [found]},
     }
 
 
@@ -820,6 +964,7 @@ def failed_report(now: float, error: CouldNotCheck) -> dict[str, Any]:
         "checked_at_epoch": now,
         "error": {"cause": error.cause, "fix": error.fix},
         "checks": {},
+        "skipped": {},
         "findings": [],
         "gpus": [],
         "driver": {},
@@ -833,7 +978,13 @@ GPU_METRICS = (
         "gpu_fleet_health_gpu_present",
         "present",
         "gauge",
-        "1 when nvidia-smi lists the GPU, 0 when the baseline expects it and it is missing.",
+        "1 when nvidia-smi lists the GPU, 0 when the baseline expects it or the PCI bus has it and it is not listed.",
+    ),
+    (
+        "gpu_fleet_health_gpu_on_pci_bus",
+        "on_pci_bus",
+        "gauge",
+        "1 when the GPU is on the PCI bus (sysfs), 0 when the baseline expects it there and it is gone.",
     ),
     (
         "gpu_fleet_health_pcie_link_generation",
@@ -894,8 +1045,8 @@ GPU_METRICS = (
     ("gpu_fleet_health_persistence_mode", "persistence_mode", "gauge", "1 when persistence mode is on."),
 )
 
-Sample = tuple[dict[str, str], float]
-Family = tuple[str, str, str, list[Sample]]
+Sample = Tuple[Dict[str, str], float]
+Family = Tuple[str, str, str, List[Sample]]
 
 
 def _run_families(report: dict[str, Any]) -> list[Family]:
@@ -931,11 +1082,17 @@ def _run_families(report: dict[str, Any]) -> list[Family]:
             [({"check": check, "bus_id": bus_id}, count) for (check, bus_id), count in counts.items()],
         ),
         (
+            "gpu_fleet_health_check_skipped",
+            "gauge",
+            "1 when the check was skipped because its input could not be read; the report says why.",
+            [({"check": check}, 1) for check in report.get("skipped") or {}],
+        ),
+        (
             "gpu_fleet_health_driver_info",
             "gauge",
             "Driver versions: user space, loaded kernel module, pinned in the baseline.",
             [({key: driver.get(key) or "" for key in ("user_space", "kernel_module", "baseline")}, 1)]
-            if report["up"]
+            if report["driver"]
             else [],
         ),
     ]
@@ -1000,44 +1157,72 @@ def render_text(report: dict[str, Any]) -> str:
         return f"gpu_health: COULD NOT CHECK: {report['error']['cause']}\n  Fix: {report['error']['fix']}\n"
     present = sum(1 for row in report["gpus"] if row.get("present"))
     listed = f"{present} GPU(s)" if "gpus" in report["checks"] else "GPUs not listed (nvidia-smi failed)"
-    driver = report["driver"]["kernel_module"] or report["driver"]["user_space"] or "unknown"
+    driver = report["driver"].get("kernel_module") or report["driver"].get("user_space") or "unknown"
     verdict = "healthy" if report["healthy"] else f"UNHEALTHY, {len(report['findings'])} finding(s)"
     lines = [
         f"gpu_health: {verdict}: {listed}, driver {driver}, "
         f"{len(report['xid_events'])} Xid event(s) since the last check; checked {report['checked_at']}"
     ]
-    for item in report["findings"]:
-        lines += [f"  [{item['check']}] {item['bus_id'] or 'host'}: {item['cause']}", f"      Fix: {item['fix']}"]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + outcome_lines(report["findings"], report.get("skipped") or {})) + "\n"
 
+
+def outcome_lines(findings: list[Finding], skipped: dict[str, str]) -> list[str]:
+    """Each finding with its fix, then each skipped check with why."""
+    lines = []
+    for item in findings:
+        lines += [f"  [{item['check']}] {item['bus_id'] or 'host'}: {item['cause']}", f"      Fix: {item['fix']}"]
+    return lines + [f"  [{check}] skipped: {note}" for check, note in skipped.items()]
+
+
+NAME = """\
+NAME
+  gpu_health.py - check this host's NVIDIA GPUs, and its TensorFlow venvs, against a baseline
+
+"""
+SYNOPSIS = """\
+%(prog)s [--baseline FILE] [--state FILE] [--textfile FILE] [--format text|json] [OPTION]...
+  %(prog)s --record-baseline --expected-gpus N [--driver-version V] [--fabric-manager-expected]
+      [--stack NAME=VENV[,LOCK]]... [--baseline FILE] [--format text|json] [OPTION]..."""
 
 DESCRIPTION = """\
 DESCRIPTION
   Checks this host's NVIDIA GPUs between provisioning runs against the baseline that the last
-  passing verification wrote: GPU count and bus ids, PCIe link width and generation, NVLinks,
-  uncorrectable ECC errors with pending page retirements and row remaps, Xid errors in the kernel
-  log since the last check, clock slowdowns, persistence mode, and the driver (user space against
-  the loaded kernel module, and against the pinned version). Prints a short report (or JSON),
-  writes Prometheus metrics for node_exporter's textfile collector and records the time of the
-  check for the next run.
+  passing verification wrote: GPU count and bus ids, the GPUs on the PCI bus against those
+  nvidia-smi lists, PCIe link width and generation, NVLinks, nvidia-fabricmanager on NVSwitch
+  systems, uncorrectable ECC errors with pending page retirements and row remaps, Xid errors in
+  the kernel log since the last check, clock slowdowns, persistence mode, the driver (user space
+  against the loaded kernel module, and against the pinned version), and each TensorFlow stack's
+  venv against its lock. Prints a short report (or JSON), writes Prometheus metrics for
+  node_exporter's textfile collector and records the time of the check for the next run. A
+  check whose input cannot be read (the PCI folder, systemd) is skipped, and the report says why.
+
+  --record-baseline writes the baseline instead (atomically, to --baseline) from what the host
+  shows now: each GPU's bus id, PCIe link and active NVLinks, with --expected-gpus, the pinned
+  --driver-version, --fabric-manager-expected and each --stack. A baseline is only recorded from
+  a healthy host: it refuses (exit 2, nothing written) when nvidia-smi lists a number of GPUs other
+  than --expected-gpus, or when any check but the kernel log's Xids finds anything against the
+  baseline it would write. It prints the baseline it wrote.
 """
 
 EPILOG = f"""\
 EXIT STATUS
-  0  healthy: every check passed
+  0  healthy: every check passed (--record-baseline: the baseline was written)
   1  unhealthy: at least one finding; each names its cause and its fix
   2  could not check: nvidia-smi missing, failing or hanging past --timeout, or the baseline,
      the Xid catalog or the kernel log unreadable (the metrics say gpu_fleet_health_up 0);
+     --record-baseline: refused (the host is not healthy) or the baseline not written;
      also a usage error
 
 FILES
   {DEFAULT_BASELINE:<36}the baseline (--baseline); its schema is in this file's docstring
   {DEFAULT_STATE:<36}the time of the last check (--state)
   {DEFAULT_PROC_VERSION:<36}the loaded kernel module's version (--proc-version)
+  {checks.DEFAULT_PCI_DEVICES:<36}the PCI bus (--pci-devices)
   {"xid.yml beside this script":<36}the Xid catalog (--xid-catalog); data/xid.yml in a clone
 
 SEE ALSO
-  nvidia-smi(1), journalctl(1), dmesg(1); NVIDIA "XID Errors", {XID_DOC_URL}
+  nvidia-smi(1), journalctl(1), dmesg(1), systemctl(1); NVIDIA "XID Errors", {XID_DOC_URL};
+  NVIDIA Fabric Manager User Guide, https://docs.nvidia.com/datacenter/tesla/fabric-manager-user-guide/
 """
 
 
@@ -1051,9 +1236,68 @@ def positive_seconds(text: str) -> float:
     return value
 
 
+def gpu_count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not at least 1")
+    return value
+
+
+def driver_version(text: str) -> str:
+    if not re.match(r"^\d+(?:\.\d+)+$", text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a driver version such as 550.54.15")
+    return text
+
+
+def stack_option(text: str) -> tuple[str, dict[str, str]]:
+    """``NAME=VENV[,LOCK]`` -> (name, {"venv", "lock"}); the lock defaults to VENV/tf-lock.txt."""
+    name, equals, paths = text.partition("=")
+    venv, _comma, lock = paths.partition(",")
+    if not (name and equals and venv):
+        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=VENV[,LOCK]")
+    try:
+        return name, checks.validate_stacks({name: {"venv": venv, "lock": lock} if lock else {"venv": venv}})[name]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from None
+
+
+class ManPageParser(argparse.ArgumentParser):
+    """The help as a man page: NAME, SYNOPSIS (argparse's usage), DESCRIPTION, OPTIONS, ..."""
+
+    def format_help(self) -> str:
+        return NAME + super().format_help().replace("usage: ", "SYNOPSIS\n  ", 1)
+
+
+def _add_record_options(add: Any) -> None:
+    add("--record-baseline", action="store_true", help="write the baseline from this host's state now (see above)")
+    add(
+        "--expected-gpus",
+        metavar="N",
+        type=gpu_count,
+        help="with --record-baseline (required): GPUs nvidia-smi must list",
+    )
+    add("--driver-version", metavar="V", type=driver_version, help="with --record-baseline: the driver version to pin")
+    add(
+        "--fabric-manager-expected",
+        action="store_true",
+        help="with --record-baseline: an NVSwitch system, whose nvidia-fabricmanager must be active",
+    )
+    add(
+        "--stack",
+        metavar="NAME=VENV[,LOCK]",
+        type=stack_option,
+        action="append",
+        help="with --record-baseline, repeatable: a TensorFlow stack's venv and lock (default: VENV/tf-lock.txt)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ManPageParser(
         prog="gpu_health.py",
+        usage=SYNOPSIS,
         description=DESCRIPTION,
         epilog=EPILOG,
         formatter_class=lambda prog: argparse.RawDescriptionHelpFormatter(prog, max_help_position=26, width=100),
@@ -1096,7 +1340,30 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="Xid catalog (default: xid.yml beside this script, else data/xid.yml of the collection)",
     )
+    add(
+        "--pci-devices",
+        metavar="DIR",
+        default=checks.DEFAULT_PCI_DEVICES,
+        help="the PCI bus in the sysfs layout, <DIR>/<bus id>/{vendor,device,class} (default: %(default)s)",
+    )
+    add("--systemctl", metavar="PATH", default="systemctl", help="the systemctl to ask (default: %(default)s)")
+    _add_record_options(add)
     return parser
+
+
+def check_mode_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Usage errors (exit 2) that argparse cannot see: the options of --record-baseline."""
+    if args.record_baseline and args.expected_gpus is None:
+        parser.error("--record-baseline needs --expected-gpus N, the number of GPUs this host must have")
+    record_only = (args.expected_gpus, args.driver_version, args.fabric_manager_expected, args.stack)
+    if not args.record_baseline and any(value for value in record_only):
+        parser.error(
+            "--expected-gpus, --driver-version, --fabric-manager-expected and --stack go with --record-baseline"
+        )
+    names = [name for name, _stack in args.stack or []]
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        parser.error(f"--stack {twice[0]} is given more than once")
 
 
 def run_check(args: argparse.Namespace, now: float) -> dict[str, Any]:
@@ -1107,7 +1374,7 @@ def run_check(args: argparse.Namespace, now: float) -> dict[str, Any]:
     """
     catalog = load_xid_catalog(args.xid_catalog or default_xid_catalog())
     baseline = load_baseline(args.baseline)
-    observed = observe(args, read_state(args.state))
+    observed = observe(args, read_state(args.state), baseline)
     return build_report(now, observed, baseline, judge(observed, baseline, catalog))
 
 
@@ -1115,7 +1382,7 @@ def publish(report: dict[str, Any], args: argparse.Namespace) -> None:
     """Metrics to the textfile, the time of a check that ran to the state file, the report to stdout.
     A file that cannot be written is named on stderr; the exit status stays the check's."""
     writes = [(args.textfile, render_metrics(report))] if args.textfile else []
-    if report["up"] and args.state:
+    if "xid" in report["checks"] and args.state:  # the kernel log was read up to now
         state = {"last_check_epoch": report["checked_at_epoch"], "last_check": report["checked_at"]}
         writes.append((args.state, json.dumps(state, sort_keys=True) + "\n"))
     for path, text in writes:
@@ -1131,11 +1398,120 @@ def publish(report: dict[str, Any], args: argparse.Namespace) -> None:
     )
 
 
+def recorded_gpu(gpu: dict[str, Any], nvlink: dict[int, dict[str, Any]] | None, fabric: bool) -> dict[str, Any]:
+    """A GPU's baseline entry from what nvidia-smi reports now (links: None when not read)."""
+    links = active_links(nvlink.get(gpu["index"])) if nvlink is not None else None
+    counts = {key: gpu[key] for key in BASELINE_GPU_COUNTS if key != "nvlink_active_links"}
+    return {**counts, "nvlink_active_links": links, "fabric_manager_expected": fabric}
+
+
+def baseline_document(args: argparse.Namespace, observed: dict[str, Any], now: float) -> dict[str, Any]:
+    """The baseline --record-baseline writes (schema in the module docstring)."""
+    gpus, fabric = observed["gpus"] or [], args.fabric_manager_expected
+    return {
+        "schema": BASELINE_SCHEMA,
+        "recorded_at": iso_time(now),
+        "expected_gpus": args.expected_gpus,
+        "driver_version": args.driver_version,
+        "gpus": {gpu["pci_bus_id"]: recorded_gpu(gpu, observed["nvlink"], fabric) for gpu in gpus},
+        "stacks": dict(args.stack or []),
+    }
+
+
+def record_count(listed: int, expected: int) -> list[Finding]:
+    """--record-baseline's GPU count: nvidia-smi must list exactly --expected-gpus."""
+    if listed == expected:
+        return []
+    cause = f"nvidia-smi lists {listed} GPUs; --expected-gpus is {expected}."
+    fix = FIX_GPU_MISSING if listed < expected else "Pass --expected-gpus with the number of GPUs this host has."
+    return [finding("gpus", None, cause, fix)]
+
+
+def same_baseline(path: str, document: dict[str, Any]) -> bool:
+    """Whether the baseline at ``path`` already says what ``document`` says (its time aside): then it is
+    left as it is, and a converged host's verification changes nothing."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            present = json.load(handle)
+    except (OSError, ValueError):
+        return False
+    return isinstance(present, dict) and {**present, "recorded_at": None} == {**document, "recorded_at": None}
+
+
+def record_baseline(args: argparse.Namespace, now: float) -> dict[str, Any]:
+    """Observe, judge the host against the baseline it would write (every check but xid, which needs
+    the kernel log since a last check), and write it when nothing is found: ``{"recorded", "path",
+    "baseline", "findings", "skipped"}``.
+
+    Raises:
+        CouldNotCheck: nvidia-smi is missing, hangs or fails; the baseline cannot be written.
+    """
+    observed = {**observe_devices(args, args.fabric_manager_expected, dict(args.stack or [])), "xid_events": []}
+    document = baseline_document(args, observed, now)
+    baseline = validate_baseline(document)
+    results = {
+        **judge(observed, baseline, {"xids": {}}),
+        "gpus": record_count(len(observed["gpus"] or []), args.expected_gpus),
+    }
+    findings = [item for check in CHECKS for item in results.get(check, [])]
+    changed = not findings and not same_baseline(args.baseline, document)
+    if changed:
+        try:
+            write_atomic(args.baseline, json.dumps(document, indent=2) + "\n")
+        except OSError as exc:
+            fix = "Check that its folder exists and is writable (run as root), or pass --baseline."
+            raise CouldNotCheck(f"The baseline {args.baseline} could not be written ({exc.strerror}).", fix) from None
+    outcome = {"recorded": not findings, "changed": changed, "path": args.baseline, "baseline": document}
+    outcome["findings"] = findings
+    return {**outcome, "skipped": skipped_checks(observed)}
+
+
+def render_recorded(outcome: dict[str, Any]) -> str:
+    """--record-baseline's outcome for people: the baseline written, or why it was refused."""
+    if outcome.get("error"):
+        error = outcome["error"]
+        return f"gpu_health: COULD NOT RECORD a baseline: {error['cause']}\n  Fix: {error['fix']}\n"
+    lines = outcome_lines(outcome["findings"], outcome["skipped"])
+    if not outcome["recorded"]:
+        head = (
+            f"gpu_health: REFUSED to record a baseline in {outcome['path']}: a baseline is only recorded "
+            "from a healthy host, and this one is not (nothing was written; fix these, then run again):"
+        )
+        return "\n".join([head, *lines]) + "\n"
+    document = outcome["baseline"]
+    pinned = f"driver {document['driver_version']} pinned" if document["driver_version"] else "driver not pinned"
+    fabric = ", fabric manager expected" if checks.fabric_manager_expected(document) else ""
+    verb = "recorded in" if outcome["changed"] else "unchanged in"
+    head = (
+        f"gpu_health: baseline {verb} {outcome['path']}: {len(document['gpus'])} GPU(s) of "
+        f"{document['expected_gpus']} expected, {pinned}{fabric}, {len(document['stacks'])} stack(s)"
+    )
+    return "\n".join([head, *lines, json.dumps(document, indent=2)]) + "\n"
+
+
+def main_record(args: argparse.Namespace, now: float) -> int:
+    """--record-baseline: exit 0 when the baseline was written, 2 when refused or not written."""
+    try:
+        outcome = record_baseline(args, now)
+    except CouldNotCheck as exc:
+        outcome = {"recorded": False, "changed": False, "path": args.baseline}
+        outcome["error"] = {"cause": exc.cause, "fix": exc.fix}
+    text = json.dumps(outcome, indent=2, sort_keys=True) + "\n" if args.format == "json" else render_recorded(outcome)
+    sys.stdout.write(text)
+    return EXIT_HEALTHY if outcome["recorded"] else EXIT_COULD_NOT_CHECK
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    check_mode_options(parser, args)
     now = time.time()
+    if args.record_baseline:
+        return main_record(args, now)
     try:
         report = run_check(args, now)
+    except NvidiaSmiHung as exc:
+        report = hung_report(now, exc)
     except CouldNotCheck as exc:
         report = failed_report(now, exc)
     publish(report, args)

@@ -6,7 +6,8 @@ is missing, ...).
 
 ``gpu_verify_collect``: every host of the play -> ``{host: [document per stack]}``, with a document
 saying why there is none for a host that failed or was unreachable before verification, so that
-the report lists every host.
+the report lists every host; each document carries the host's GPU health at the time of the run
+(``health``, from gpu_health's ``gpu_health_report``).
 """
 
 from __future__ import annotations
@@ -110,6 +111,40 @@ def gpu_du_bytes(lines: list[str]) -> dict[str, int]:
 DEFAULT_CONNECTION = "ssh"
 
 
+# gpu_health.py's exit status -> the report's health status (0 healthy, 1 unhealthy, 2 could not check).
+HEALTH_STATUS = {0: "healthy", 1: "unhealthy", 2: "could not check"}
+FINDING_KEYS = ("check", "bus_id", "cause", "fix")
+
+
+def _health_status(report: dict) -> str:
+    """``healthy``, ``unhealthy`` or ``could not check``: by the exit status, else by ``up`` and the findings."""
+    code = report.get("exit_code")
+    if isinstance(code, int) and not isinstance(code, bool) and code in HEALTH_STATUS:
+        return HEALTH_STATUS[code]
+    if not report.get("up"):
+        return HEALTH_STATUS[2]
+    return HEALTH_STATUS[1] if report.get("findings") or report.get("healthy") is False else HEALTH_STATUS[0]
+
+
+def compact_health(report: Any) -> dict | None:
+    """gpu_health's published ``gpu_health_report`` (gpu_health.py's JSON report) -> the report's
+    compact ``health``: ``{status, checked_at, findings: [{check, bus_id, cause, fix}], error: {cause, fix}
+    or None}``, without the GPU rows; None when the host has none (the role did not run, or ran under --check)."""
+    if not isinstance(report, dict):
+        return None
+    error = report.get("error")
+    return {
+        "status": _health_status(report),
+        "checked_at": report.get("checked_at"),
+        "findings": [
+            {key: item.get(key) for key in FINDING_KEYS}
+            for item in report.get("findings") or []
+            if isinstance(item, dict)
+        ],
+        "error": {"cause": error.get("cause"), "fix": error.get("fix")} if isinstance(error, dict) else None,
+    }
+
+
 def _no_results(host: str, facts: Any, alive_hosts: list[str]) -> dict:
     """The document of a host without ``gpu_verify_results``.
 
@@ -120,8 +155,10 @@ def _no_results(host: str, facts: Any, alive_hosts: list[str]) -> dict:
     ``gpu_verify_failed_reason`` (the failed task and its message, same callback) or None,
     ``connection`` its ``ansible_connection``; fleet_report.py words the cause and the fix for that
     connection.  A host still in the play did not run the verification (e.g. under --check before
-    the scripts were ever installed).
+    the scripts were ever installed).  Either carries ``health`` (:func:`compact_health`): a host
+    that gpu_health failed (``gpu_health_fail_on_findings``) left the play with its report.
     """
+    health = compact_health(facts.get("gpu_health_report"))
     if host not in alive_hosts:
         return {
             "ok": False,
@@ -129,12 +166,14 @@ def _no_results(host: str, facts: Any, alive_hosts: list[str]) -> dict:
             "error": facts.get("gpu_verify_unreachable_reason") or None,
             "failed": facts.get("gpu_verify_failed_reason") or None,
             "connection": facts.get("ansible_connection") or DEFAULT_CONNECTION,
+            "health": health,
         }
     return _failed(
         "The verification did not run on this host in this run (under --check it needs the scripts "
         "installed by an earlier run without --check).",
         "See this host's gpu_verify tasks in the run's output above; run playbooks/verify.yml without --check once.",
         unreachable=False,
+        health=health,
     )
 
 
@@ -150,8 +189,9 @@ def gpu_verify_collect(all_hosts: list[str], hostvars: Any, alive_hosts: list[st
         ``{host: [document per stack]}``, the input of fleet_report.py; each document carries
         ``preflight_overridden`` (gpu_preflight problems turned off by an override),
         ``driver_reboot_required`` and ``driver_loaded_version`` (nvidia_driver's published facts) and
-        ``default_switch`` (``{from, to, switched}``, when a new default stack waited for verification).  A host
-        without results maps to one document instead of a list (:func:`_no_results`).
+        ``default_switch`` (``{from, to, switched}``, when a new default stack waited for verification) and
+        ``health`` (gpu_health's ``gpu_health_report`` made compact, :func:`compact_health`; None without
+        one).  A host without results maps to one document instead of a list (:func:`_no_results`).
     """
     report: dict[str, Any] = {}
     for host in all_hosts:
@@ -167,6 +207,8 @@ def gpu_verify_collect(all_hosts: list[str], hostvars: Any, alive_hosts: list[st
             "driver_loaded_version": facts.get("nvidia_driver_loaded_version") or None,
             # gpu_verify's own: a newly declared default stack switched to, or not (tasks/switch.yml).
             "default_switch": facts.get("gpu_verify_default_switch") or None,
+            # Published by gpu_health, which runs first: the host's GPU health at the time of the run.
+            "health": compact_health(facts.get("gpu_health_report")),
         }
         report[host] = [dict(doc, **extra) for doc in results.values()]
     return report

@@ -327,6 +327,16 @@ CASES = [
         ("gpu_verify_jupyter_kernel_dir is kernels", "an absolute folder on the host"),
     ),
     Case(
+        "health_interval_malformed",
+        {"gpu_health_interval": "every 5 minutes"},
+        ("gpu_health_interval is every 5 minutes", "a systemd time span such as 5min"),
+    ),
+    Case(
+        "health_textfile_dir_relative",
+        {"gpu_health_textfile_dir": "node-exporter"},
+        ("gpu_health_textfile_dir is node-exporter", "--collector.textfile.directory"),
+    ),
+    Case(
         "cuda_tmpdir_too_small",
         {"cuda_toolkit_tmpdir": SMALL_TMPFS},
         (

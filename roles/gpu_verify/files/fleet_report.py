@@ -13,6 +13,12 @@ Each value is one of
 * ``{"ok": false, "problems": [{"check", "cause", "fix"}]}`` for a host whose verification could
   not run.
 
+Each may carry ``health``, the host's GPU health at the time of the run (gpu_health's report, made
+compact by the filter gpu_verify_collect): ``{"status": "healthy"|"unhealthy"|"could not check",
+"checked_at", "findings": [{"check", "bus_id", "cause", "fix"}], "error": {"cause", "fix"} or null}``,
+or null (``not checked``: gpu_health did not run on the host, or ran under --check).  It is shown
+beside the verification and never changes a host's status.
+
 Checks.  Every row (one per host and stack) answers the checks ``gpu_count``, ``driver``,
 ``libcuda``, ``libcudart``, ``libcudnn``, ``tensorflow``, ``fit``, then ``multiworker``,
 ``scaling`` and ``lock`` when the document has those sections, then any other check a problem
@@ -42,29 +48,36 @@ not verify (see report_history.py; ``--dry-run`` writes nothing):
 
 * ``<run folder>/fleet-report.json``: ``{"generated_at": ISO 8601 UTC, "run_id", "hosts": {host:
   {"status": "PASS"|"FAIL", "unreachable": bool, "rows": [row, ...], "problems": [...],
-  "mode_notes": [...], "results": [doc, ...]}}, "multiworker": null or {"status", "workers",
-  "chief", ...} (see :func:`multiworker_summary`), "summary": {"hosts", "passed", "failed",
-  "unreachable", "rechecked", "not_in_run"}, "inventory", "run_folder", "limit", "merged_from",
+  "mode_notes": [...], "health": {...} or null, "results": [doc, ...]}}, "multiworker": null or
+  {"status", "workers", "chief", ...} (see :func:`multiworker_summary`), "summary": {"hosts",
+  "passed", "failed", "unreachable", "rechecked", "not_in_run", "health": {"healthy", "unhealthy",
+  "could_not_check", "not_checked"}}, "inventory", "run_folder", "limit", "merged_from",
   "supersedes": [earlier run folders of the same run id, deleted]}``; a
   host passes only if every stack on it passed; a host carried over from the previous report has
   ``"status": "NOT IN THIS RUN"``, ``carried_over``, ``last_seen``, ``last_status`` and
-  ``last_problems`` (:func:`report_history.carried_host`).  A row holds the table's
+  ``last_problems`` (:func:`report_history.carried_host`) and keeps the ``health`` it had when it
+  was checked; the summary's ``health`` counts every host listed.  A row holds the table's
   cells (strings; ``not_run`` lists the checks that did not run) and ``checks``: ``{check:
   {"status": "pass"|"fail"|"not run", "passed": true|false|null, "reason": str|null}}``, where
   ``passed`` is null and ``reason`` says why for a check that did not run, and ``reason`` is the
   first cause for a failed one.
-* ``<run folder>/fleet-report.md``: the same table in Markdown, then the notes, every check that did
-  not run with its reason (``not run: ...``) and every cause and fix.
+* ``<run folder>/fleet-report.md``: the health counts, the same table in Markdown (column ``GPU
+  health``: ``healthy``, ``unhealthy (N findings)``, ``could not check``, ``not checked``), then the
+  notes, every check that did not run with its reason (``not run: ...``), every cause and fix, and
+  under ``GPU health`` each host unhealthy (each finding's check, bus id, cause and fix) or that
+  could not be checked (why, and the fix).
 * ``<run folder>/fleet-report.html``: a self-contained page (inline CSS, no scripts) with the table,
-  each row coloured by pass/fail, then the notes, the checks that did not run and every cause
-  and fix.
+  each row coloured by pass/fail and each health cell by its status, then the notes, the checks
+  that did not run, every cause and fix, and the GPU health as in Markdown.
 * ``<run folder>/fleet-report.junit.xml``: JUnit XML for CI dashboards, one test suite with one test
   case per row and check (classname the row, name the check): passed, ``<failure>`` or
   ``<skipped message="not run: <reason>"/>``; a row without a verification document is the one
-  failed case ``verification``.  The suite counts ``tests``, ``failures``, ``errors`` (0) and
-  ``skipped``.
-* stdout: the table as plain text, then the notes, the checks that did not run and every cause
-  and fix.
+  failed case ``verification``.  Then one case per host (classname the host), ``health``: passed
+  when healthy, ``<failure>`` with every finding when unhealthy, skipped when not checked, when it
+  could not be checked and for a host carried over.  The suite counts ``tests``, ``failures``,
+  ``errors`` (0) and ``skipped``.
+* stdout: the table as plain text, then the notes, the checks that did not run, every cause
+  and fix, and the GPU health as in Markdown.
 
 Versions shown are the ones really loaded (libraries' decoded versions, nvidia-smi's driver),
 not the pins.  Times are seconds; throughput is samples/s.
@@ -96,6 +109,7 @@ EXIT_USAGE = 2
 COLUMNS = (
     ("host", "host"),
     ("status", "status"),
+    ("health", "GPU health"),
     ("driver", "driver"),
     ("cuda", "CUDA"),
     ("cudnn", "cuDNN"),
@@ -580,6 +594,98 @@ def multiworker_line(summary: dict[str, Any] | None) -> str | None:
     )
 
 
+# The host's GPU health at the time of the run: gpu_health's report, made compact by the filter
+# gpu_verify_collect (``health`` in each of the host's documents).  It is shown beside the
+# verification and never changes whether the host passed it.
+HEALTHY, UNHEALTHY, COULD_NOT_CHECK, NOT_CHECKED = "healthy", "unhealthy", "could not check", "not checked"
+HEALTH_STATUSES = (HEALTHY, UNHEALTHY, COULD_NOT_CHECK, NOT_CHECKED)
+HEALTH_CHECK = "health"
+NOT_CHECKED_REASON = "no GPU health report: gpu_health did not run on this host in this run, or ran under --check"
+
+
+def host_health(docs: list[Any]) -> dict[str, Any] | None:
+    """The ``health`` of a host's documents (the same in each), or None when none has one."""
+    for doc in docs:
+        health = _get(doc, "health")
+        if isinstance(health, dict) and health.get("status") in (HEALTHY, UNHEALTHY, COULD_NOT_CHECK):
+            return health
+    return None
+
+
+def health_status(health: Any) -> str:
+    """``healthy``, ``unhealthy``, ``could not check`` or, without a health report, ``not checked``."""
+    status = _get(health, "status")
+    return status if status in (HEALTHY, UNHEALTHY, COULD_NOT_CHECK) else NOT_CHECKED
+
+
+def _findings(health: Any) -> list[dict[str, Any]]:
+    findings = _get(health, "findings")
+    return [item for item in findings if isinstance(item, dict)] if isinstance(findings, list) else []
+
+
+def _count(count: int, word: str) -> str:
+    return f"{count} {word}" + ("" if count == 1 else "s")
+
+
+def health_cell(health: Any) -> str:
+    """The table's ``health`` cell: ``healthy``, ``unhealthy (2 findings)``, ``could not check``, ``not checked``."""
+    status = health_status(health)
+    return f"{status} ({_count(len(_findings(health)), 'finding')})" if status == UNHEALTHY else status
+
+
+def health_headline(health: Any) -> str:
+    """``unhealthy, 2 findings (checked 2026-12-01T17:03:12Z)``; ``not checked: <why>`` without a report."""
+    status = health_status(health)
+    if status == NOT_CHECKED:
+        return f"{NOT_CHECKED}: {NOT_CHECKED_REASON}"
+    count = f", {_count(len(_findings(health)), 'finding')}" if status == UNHEALTHY else ""
+    return f"{status}{count} (checked {_get(health, 'checked_at') or 'at an unknown time'})"
+
+
+def health_items(health: Any) -> list[tuple[str, str, str]]:
+    """``(what, cause, fix)`` of each finding (``what``: its check and the GPU's bus id, none for the host)
+    of an unhealthy host, or of the error of one that could not be checked."""
+    status = health_status(health)
+    if status == COULD_NOT_CHECK:
+        error = _get(health, "error") if isinstance(_get(health, "error"), dict) else {}
+        return [(HEALTH_CHECK, str(error.get("cause") or "no cause given"), str(error.get("fix") or "-"))]
+    if status != UNHEALTHY:
+        return []
+    return [
+        (
+            " ".join(str(part) for part in (item.get("check"), item.get("bus_id")) if part),
+            str(item.get("cause")),
+            str(item.get("fix")),
+        )
+        for item in _findings(health)
+    ]
+
+
+def health_counts(hosts: dict[str, Any]) -> dict[str, int]:
+    """The summary's ``health``: ``{healthy, unhealthy, could_not_check, not_checked}`` over every host
+    listed (a host carried over counts with the health it had when it was checked)."""
+    statuses = [health_status(host.get("health")) for host in hosts.values()]
+    return {status.replace(" ", "_"): statuses.count(status) for status in HEALTH_STATUSES}
+
+
+def health_line(summary: dict[str, Any]) -> str | None:
+    """``GPU health: 1 healthy, 1 unhealthy, 0 could not check, 2 not checked`` (None without counts)."""
+    counts = summary.get("health")
+    if not isinstance(counts, dict):
+        return None
+    return "GPU health: " + ", ".join(f"{counts.get(s.replace(' ', '_'), 0)} {s}" for s in HEALTH_STATUSES)
+
+
+def health_details(report: dict[str, Any]) -> list[tuple[str, str, list[tuple[str, str, str]]]]:
+    """``(host, headline, items)`` of each host whose health needs a look: unhealthy (each finding) or
+    could not check (why, and the fix); the table's ``health`` column has the others."""
+    return [
+        (name, health_headline(host.get("health")), health_items(host.get("health")))
+        for name, host in report["hosts"].items()
+        if health_status(host.get("health")) in (UNHEALTHY, COULD_NOT_CHECK)
+    ]
+
+
 def build_report(results: dict[str, Any], run_id: str | None, now: datetime.datetime | None = None) -> dict[str, Any]:
     """The fleet-report.json document (rows included) from the input object."""
     # datetime.UTC is Python 3.11+; keep this runnable by older controllers.
@@ -600,6 +706,7 @@ def build_report(results: dict[str, Any], run_id: str | None, now: datetime.date
             + sorted({note for r in rows for note in r["_overridden"] + r["_reboot"] + r["_default"]})
             + [r["_utilisation"] for r in rows if r["_utilisation"]]
             + [f"{r['host']}: {fact}" if len(rows) > 1 else fact for r in rows for fact in r["_facts"]],
+            "health": host_health(docs),
             "results": docs,
         }
     passed = sum(1 for h in hosts.values() if h["status"] == "PASS")
@@ -615,6 +722,7 @@ def build_report(results: dict[str, Any], run_id: str | None, now: datetime.date
             "unreachable": sum(1 for h in hosts.values() if h["unreachable"]),
             "rechecked": len(hosts),
             "not_in_run": 0,
+            "health": health_counts(hosts),
         },
     }
 
@@ -622,7 +730,11 @@ def build_report(results: dict[str, Any], run_id: str | None, now: datetime.date
 def _rows(report: dict[str, Any]) -> list[dict[str, Any]]:
     """Every row, with ``-`` in any cell a row lacks (a host carried over from an older report)."""
     blank = dict.fromkeys((key for key, _title in COLUMNS), "-")
-    return [{**blank, "checks": {}, **row} for host in report["hosts"].values() for row in host["rows"]]
+    return [
+        {**blank, "checks": {}, **row, "health": health_cell(host.get("health"))}
+        for host in report["hosts"].values()
+        for row in host["rows"]
+    ]
 
 
 def _note_line(name: str, host: dict[str, Any], note: str) -> str:
@@ -679,6 +791,7 @@ def format_text(report: dict[str, Any], check_mode: bool = False) -> str:
     )
     if report.get("multiworker"):
         lines.append(multiworker_line(report["multiworker"]))
+    lines += [line for line in [health_line(summary)] if line]
     notes, problems, not_run = _details(report)
     if notes:
         lines += ["", "Notes:"] + [f"  {n}" for n in notes]
@@ -689,7 +802,18 @@ def format_text(report: dict[str, Any], check_mode: bool = False) -> str:
         for where, p in problems:
             lines.append(f"  {where} [{p.get('check')}]: {p.get('cause')}")
             lines.append(f"      fix: {p.get('fix')}")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + _health_text(report)) + "\n"
+
+
+def _health_text(report: dict[str, Any]) -> list[str]:
+    """The plain-text report's ``GPU health`` section: each host unhealthy or not checkable, with causes and fixes."""
+    details = health_details(report)
+    lines = ["", "GPU health:"] if details else []
+    for name, headline, items in details:
+        lines.append(f"  {name}: {headline}")
+        for what, cause, fix in items:
+            lines += [f"    [{what}] {cause}", f"        fix: {fix}"]
+    return lines
 
 
 def _md(cell: Any) -> str:
@@ -706,6 +830,7 @@ def format_markdown(report: dict[str, Any]) -> str:
         f"Generated {report['generated_at']}: {summary_line(summary)}.",
         "",
         *([_md(multiworker_line(report["multiworker"])), ""] if report.get("multiworker") else []),
+        *([f"{health_line(summary)}.", ""] if health_line(summary) else []),
         "| " + " | ".join(_md(t) for _key, t in COLUMNS) + " |",
         "|" + "|".join("---" for _column in COLUMNS) + "|",
     ]
@@ -722,11 +847,24 @@ def format_markdown(report: dict[str, Any]) -> str:
         for where, p in problems:
             lines.append(f"- **{_md(where)}** `{_md(p.get('check'))}`: {_md(p.get('cause'))}  ")
             lines.append(f"  Fix: {_md(p.get('fix'))}")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + _health_markdown(report)) + "\n"
 
 
-# A 1400 px window shows every column: the status, then each problem's cause, then the figures.
-HTML_FIRST = ("host", "status", "problems", "not_run")
+def _health_markdown(report: dict[str, Any]) -> list[str]:
+    """The Markdown report's ``GPU health`` section: a host that is unhealthy, with each finding (check,
+    bus id, cause, fix), or could not be checked, with why and the fix."""
+    details = health_details(report)
+    lines = ["", "## GPU health", ""] if details else []
+    for name, headline, items in details:
+        lines.append(f"- **{_md(name)}**: {_md(headline)}")
+        for what, cause, fix in items:
+            lines += [f"  - `{_md(what)}`: {_md(cause)}  ", f"    Fix: {_md(fix)}"]
+    return lines
+
+
+# A 1400 px window shows every column: the status and the GPU health, then each problem's cause,
+# then the figures.
+HTML_FIRST = ("host", "status", "health", "problems", "not_run")
 _HTML_TITLES = dict(COLUMNS, problems="problems (check: cause)")
 HTML_COLUMNS = tuple((key, _HTML_TITLES[key]) for key in HTML_FIRST) + tuple(
     c for c in COLUMNS if c[0] not in HTML_FIRST
@@ -740,6 +878,9 @@ HTML_STYLE = (
     "tr.fail{background:#fff4f4}li{margin:.3em 0}"
     "p#multiworker{padding:.3em .6em;display:inline-block}p#multiworker.pass{background:#c8f0c8}"
     "p#multiworker.fail{background:#f6c4c4}td.not_run{color:#7a5c00}tr.carried{color:#666;font-style:italic}"
+    "td.health{overflow-wrap:normal}span.health{display:inline-block;border-radius:3px;padding:0 .3em}"
+    "span.healthy{background:#c8f0c8}span.unhealthy{background:#f6c4c4}span.could-not-check{background:#ffe8b0}"
+    "span.not-checked{color:#666}"
 )
 
 
@@ -749,6 +890,10 @@ def _html_cell(row: dict[str, Any], key: str, problems: list[tuple[str, dict[str
     esc = html.escape
     if key == "host":
         return esc(str(row["host"])) + ('<span class="default">default</span>' if row.get("default_stack") else "")
+    if key == "health":
+        status = str(row["health"]).partition(" (")[0].replace(" ", "-")
+        return f'<span class="health {esc(status)}">{esc(str(row["health"]))}</span>'
+
     if key == "problems":
         mine = [p for where, p in problems if where == row["host"]]
         if mine:
@@ -786,14 +931,29 @@ def format_html(report: dict[str, Any]) -> str:
             if report.get("multiworker")
             else ""
         )
+        + (f'<p id="health-summary">{esc(health_line(summary))}.</p>\n' if health_line(summary) else "")
         + f'<table id="fleet"><thead><tr>{head}</tr></thead><tbody>\n'
         + "\n".join(rows)
         + "\n</tbody></table>\n"
         + (("<h2>Notes</h2><ul>" + "".join(f"<li>{esc(n)}</li>" for n in notes) + "</ul>\n") if notes else "")
         + (f'<h2>Not run</h2><ul id="not-run">{skipped}</ul>\n' if not_run else "")
         + (f"<h2>Problems</h2><ul>{items}</ul>\n" if problems else "")
+        + _health_html(report)
         + "</body></html>\n"
     )
+
+
+def _health_html(report: dict[str, Any]) -> str:
+    """The HTML report's ``GPU health`` section: each host unhealthy (its findings: check, bus id, cause,
+    fix) or not checkable (why, and the fix); empty when there is none."""
+    esc = html.escape
+    hosts = "".join(
+        f"<li><b>{esc(name)}</b>: {esc(headline)}<ul>"
+        + "".join(f"<li><code>{esc(what)}</code>: {esc(cause)}<br>Fix: {esc(fix)}</li>" for what, cause, fix in items)
+        + "</ul></li>"
+        for name, headline, items in health_details(report)
+    )
+    return f'<h2>GPU health</h2><ul id="health">{hosts}</ul>\n' if hosts else ""
 
 
 def _junit_case(suite: ET.Element, row: dict[str, Any], check: str, found: list[dict[str, str]]) -> str:
@@ -818,10 +978,42 @@ def _junit_case(suite: ET.Element, row: dict[str, Any], check: str, found: list[
     return outcome["status"]
 
 
+def _carried_health(host: dict[str, Any]) -> str:
+    """``not in this run: GPU health as last checked, unhealthy, 2 findings (checked ...)`` for a host
+    carried over (``skipped: ...`` for one left out on purpose)."""
+    label = str(host.get("status") or "not in this run").lower()
+    if health_status(host.get("health")) == NOT_CHECKED:
+        return f"{label}: no GPU health report from an earlier run"
+    return f"{label}: GPU health as last checked, {health_headline(host.get('health'))}"
+
+
+def _junit_health_case(suite: ET.Element, name: str, host: dict[str, Any]) -> str:
+    """Add the host's test case ``health`` (classname the host); returns its status.  gpu_health's
+    findings fail it; it is skipped, never passed, when the host was not checked or could not be, and
+    for a host carried over (its health is that of an earlier run)."""
+    health = host.get("health")
+    status = health_status(health)
+    case = ET.SubElement(suite, "testcase", classname=name, name=HEALTH_CHECK)
+    if host.get("carried_over"):
+        ET.SubElement(case, "skipped", message=_carried_health(host))
+        return NOT_RUN
+    if status == HEALTHY:
+        return PASS
+    if status == UNHEALTHY:
+        kind = ", ".join(sorted({str(item.get("check")) for item in _findings(health)})) or HEALTH_CHECK
+        failure = ET.SubElement(case, "failure", message=health_headline(health), type=kind)
+        failure.text = "\n".join(f"[{what}] {cause}\nFix: {fix}" for what, cause, fix in health_items(health))
+        return FAIL
+    message = health_headline(health) + "".join(f": {cause} Fix: {fix}" for _what, cause, fix in health_items(health))
+    ET.SubElement(case, "skipped", message=message)
+    return NOT_RUN
+
+
 def format_junit(report: dict[str, Any]) -> str:
     """JUnit XML for CI dashboards: one test suite, one test case per row (host or host and stack)
     and check in the row's ``checks``: passed, failed or skipped (did not run); a row without a
-    verification document has the failed case ``verification`` and its checks skipped (not run)."""
+    verification document has the failed case ``verification`` and its checks skipped (not run).
+    Then each host's case ``health`` (:func:`_junit_health_case`)."""
     suite = ET.Element("testsuite", name="gpu-fleet", timestamp=report["generated_at"])
     counts = {PASS: 0, FAIL: 0, NOT_RUN: 0}
     for name, host in report["hosts"].items():
@@ -830,6 +1022,7 @@ def format_junit(report: dict[str, Any]) -> str:
             found = host_problems(doc, name)
             for check in row["checks"]:
                 counts[_junit_case(suite, row, check, found)] += 1
+        counts[_junit_health_case(suite, name, host)] += 1
     suite.set("tests", str(sum(counts.values())))
     suite.set("failures", str(counts[FAIL]))
     suite.set("errors", "0")
@@ -920,6 +1113,8 @@ def run(args: argparse.Namespace, results: dict[str, Any], now: datetime.datetim
     left_out = report_history.not_verified(args.not_verified)
     current = build_report({h: v for h, v in results.items() if h not in left_out}, args.run_id, now)
     report = report_history.merge(previous, current, _inventory_hosts(args.inventory_hosts), left_out)
+    # The hosts carried over keep the health they had when they were checked: count every host listed.
+    report["summary"]["health"] = health_counts(report["hosts"])
     report.update(inventory=name, limit=args.limit or None, run_folder=None, supersedes=[])
     folder = None
     if not args.dry_run:

@@ -108,7 +108,8 @@ def carried_host(
     Its last status and time are kept (from the host itself when it was already carried over,
     so the time is when it was last *verified*); its rows keep the last versions for reference,
     but their status reads ``not in this run (...)`` and their one check is not run: a stale PASS
-    is never shown or counted as a current pass.  ``not_verified`` (``{"status", "reason"}``, see
+    is never shown or counted as a current pass.  Its GPU ``health`` is kept as it was when it was
+    checked (its report says when).  ``not_verified`` (``{"status", "reason"}``, see
     :func:`merge`) words a host this run left out on purpose: ``<status>: <reason> (...)``, host
     status ``<STATUS>``, and ``reason`` kept in the host's entry."""
     if previous_host.get("carried_over"):
@@ -137,6 +138,7 @@ def carried_host(
         "rows": rows,
         "problems": [],
         "mode_notes": [],
+        "health": previous_host.get("health"),
         "results": [],
     }
 

@@ -49,6 +49,10 @@ def observed(**changes: Any) -> dict[str, Any]:
         "nvlink_error": None,
         "xid_events": [],
         "module_version": MODULE,
+        "pci": [gpu["pci_bus_id"] for gpu in healthy_gpus()],
+        "pci_note": None,
+        "fabric_manager": {"state": "active", "note": None},
+        "stacks": {},
     }
     state.update(changes)
     return state
@@ -56,23 +60,27 @@ def observed(**changes: Any) -> dict[str, Any]:
 
 def test_a_healthy_host_has_no_finding() -> None:
     results = gpu_health.judge(observed(), baseline(), CATALOG)
-    assert list(results) == list(gpu_health.CHECKS)
-    assert results == {check: [] for check in gpu_health.CHECKS}
+    asked = [check for check in gpu_health.CHECKS if check != "venv"]  # the baseline names no stacks
+    assert list(results) == asked
+    assert results == {check: [] for check in asked}
 
 
 @pytest.mark.parametrize(
     "judge",
     [
         lambda: gpu_health.judge_gpus(healthy_gpus(), baseline()),
+        lambda: gpu_health.checks.judge_pci(healthy_gpus(), observed()["pci"], baseline()),
         lambda: gpu_health.judge_pcie(healthy_gpus(), baseline()),
         lambda: gpu_health.judge_nvlink(healthy_gpus(), nvlink(), None, baseline()),
+        lambda: gpu_health.checks.judge_fabric_manager("active", MODULE),
         lambda: gpu_health.judge_ecc(healthy_gpus()),
         lambda: gpu_health.judge_xid([], CATALOG),
         lambda: gpu_health.judge_clocks(healthy_gpus()),
         lambda: gpu_health.judge_persistence(healthy_gpus()),
         lambda: gpu_health.judge_driver(healthy_gpus(), MODULE, baseline(), None),
+        lambda: gpu_health.checks.judge_venv({}),
     ],
-    ids=list(gpu_health.CHECKS),
+    ids=[check for check in gpu_health.CHECKS if check != "nvidia_smi"],  # nvidia_smi: its answer is the finding
 )
 def test_each_judge_passes_a_healthy_host(judge: Any) -> None:
     assert judge() == []
@@ -223,14 +231,26 @@ def test_driver_module_mismatch() -> None:
 
 
 def test_driver_mismatch_reported_by_nvml() -> None:
-    mismatch = {"library_version": "550.54.15", "output": "Failed to initialize NVML: Driver/library version mismatch"}
+    """An upgrade to the pin without a reboot: one finding, whose fix (reboot) loads the pinned driver."""
+    mismatch = {"library_version": "550.54", "output": "Failed to initialize NVML: Driver/library version mismatch"}
+    findings = gpu_health.judge_driver(None, "535.161.08", baseline(), mismatch)
+    assert [item["fix"][:5] for item in findings] == ["Drain"]
+    assert 'nvidia-smi: "Failed to initialize NVML' in findings[0]["cause"]
+
+
+def test_driver_mismatch_away_from_the_pin_names_both() -> None:
+    mismatch = {"library_version": "555.42", "output": "Failed to initialize NVML: Driver/library version mismatch"}
     findings = gpu_health.judge_driver(None, "535.161.08", baseline(), mismatch)
     assert [item["fix"][:5] for item in findings] == ["Drain", "Re-ru"]
-    assert 'nvidia-smi: "Failed to initialize NVML' in findings[0]["cause"]
     assert (
-        "Driver 535.161.08 is loaded; the baseline (the last passing verification) pins 550.54.15."
-        == findings[1]["cause"]
+        findings[1]["cause"]
+        == "Driver 535.161.08 is loaded; the baseline (the last passing verification) pins 550.54.15."
     )
+
+
+def test_nvml_major_minor_is_the_pin_when_the_module_version_is_unreadable() -> None:
+    gpus = [dict(gpu, driver_version="550.54") for gpu in healthy_gpus()]
+    assert gpu_health.judge_driver(gpus, None, baseline(), None) == []
 
 
 def test_driver_differs_from_the_pinned_version() -> None:
@@ -239,10 +259,10 @@ def test_driver_differs_from_the_pinned_version() -> None:
     assert "pins 550.54.15" in item["cause"] and "new baseline" in item["fix"]
 
 
-def test_only_the_driver_and_xid_checks_run_without_nvidia_smi() -> None:
+def test_only_the_checks_that_need_no_gpu_list_run_without_nvidia_smi() -> None:
     mismatch = {"library_version": None, "output": "Driver/library version mismatch"}
     results = gpu_health.judge(observed(gpus=None, mismatch=mismatch, nvlink=None), baseline(), CATALOG)
-    assert list(results) == ["xid", "driver"] and len(results["driver"]) == 1
+    assert list(results) == ["fabric_manager", "xid", "driver"] and len(results["driver"]) == 1
 
 
 def test_baseline_bus_ids_are_normalised_and_checked() -> None:

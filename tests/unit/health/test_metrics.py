@@ -30,6 +30,10 @@ def report(query: str = "query-h100x8-healthy.csv", kernel_log: str | None = Non
         "nvlink_error": None,
         "xid_events": parse_xid_events(fixture_text(kernel_log)) if kernel_log else [],
         "module_version": "550.54.15",
+        "pci": [gpu["pci_bus_id"] for gpu in parse_health_query(fixture_text("query-h100x8-healthy.csv"))],
+        "pci_note": None,
+        "fabric_manager": {"state": "active", "note": None},
+        "stacks": {},
     }
     return gpu_health.build_report(NOW, observed, baseline, gpu_health.judge(observed, baseline, CATALOG))
 
@@ -46,7 +50,7 @@ def test_healthy_metrics(metrics_problems: Callable[[str], list[str]]) -> None:
         "gpu_fleet_health_last_run_timestamp_seconds 1717171717.25"
     ]
     assert samples(text, "gpu_fleet_health_finding") == []
-    assert len(samples(text, "gpu_fleet_health_check_ok")) == len(gpu_health.CHECKS)
+    assert len(samples(text, "gpu_fleet_health_check_ok")) == len(gpu_health.CHECKS) - 1  # no stacks: no venv check
     assert all(line.endswith(" 1") for line in samples(text, "gpu_fleet_health_check_ok"))
     assert 'gpu_fleet_health_pcie_link_width{bus_id="0000:18:00.0"} 16' in text
     assert 'gpu_fleet_health_nvlink_active_links{bus_id="0000:db:00.0"} 18' in text

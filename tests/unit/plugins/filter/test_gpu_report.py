@@ -41,7 +41,14 @@ def test_collect_lists_every_host_with_stacks_and_overrides():
     report = gpu_report.gpu_verify_collect(["a", "b"], hostvars, ["a"])
     assert [d["ok"] for d in report["a"]] == [True, False]
     assert report["a"][0]["preflight_overridden"][0]["check"] == "noexec"
-    assert report["b"] == {"ok": False, "unreachable": True, "error": None, "failed": None, "connection": "ssh"}
+    assert report["b"] == {
+        "ok": False,
+        "unreachable": True,
+        "error": None,
+        "failed": None,
+        "connection": "ssh",
+        "health": None,
+    }
 
 
 def test_collect_carries_the_drivers_reboot_facts():
@@ -92,12 +99,12 @@ def test_collected_podman_host_gets_the_container_fix_and_one_failed_junit_case_
     suite = ET.fromstring(fleet_report.format_junit(report))
     cases = suite.findall("testcase")
     assert [(c.get("classname"), c.get("name")) for c in cases] == [
-        (host, check) for host in ("gpu-f3", "gpu-f4") for check in ("verification", *fleet_report.CHECKS)
+        (host, check) for host in ("gpu-f3", "gpu-f4") for check in ("verification", *fleet_report.CHECKS, "health")
     ]
-    # One failure per host; its checks did not run (skipped), none passed.
+    # One failure per host; its checks did not run and its health was not checked (skipped), none passed.
     assert [c.get("name") for c in cases if c.find("failure") is not None] == ["verification"] * 2
     assert all(c.find("skipped") is not None for c in cases if c.get("name") != "verification")
-    checks = len(fleet_report.CHECKS)
+    checks = len(fleet_report.CHECKS) + 1
     assert (suite.get("tests"), suite.get("failures"), suite.get("skipped")) == (
         str(2 + 2 * checks),
         "2",
@@ -136,3 +143,96 @@ def test_held_back_stacks_become_failed_results_that_name_the_artifact():
     assert problem["cause"].startswith("Held back: nothing of stack tf2.18 was installed or changed in this run.")
     assert problem["cause"].endswith("cudnn.tar.xz has sha256 aa, not bb.")
     assert gpu_report.gpu_verify_held_back([]) == {}
+
+
+# gpu_health.py's JSON report (build_report / failed_report there), as gpu_health publishes it.
+ECC = {
+    "check": "ecc",
+    "bus_id": "00000000:3B:00.0",
+    "cause": "GPU 00000000:3B:00.0 has 2 uncorrectable ECC errors since the driver loaded.",
+    "fix": "Drain the host and have the GPU replaced.",
+}
+PERSISTENCE = {"check": "persistence", "bus_id": None, "cause": "Persistence mode is off.", "fix": "nvidia-smi -pm 1"}
+
+
+def _health_report(exit_code: int, findings: list | None = None, error: dict | None = None) -> dict:
+    return {
+        "up": exit_code != 2,
+        "healthy": None if exit_code == 2 else exit_code == 0,
+        "exit_code": exit_code,
+        "checked_at": "2026-12-01T17:03:12Z",
+        "checked_at_epoch": 1796144592.0,
+        "error": error,
+        "checks": {} if exit_code == 2 else {"ecc": not findings, "persistence": not findings},
+        "findings": findings or [],
+        "gpus": [] if exit_code == 2 else [{"bus_id": "00000000:3B:00.0", "present": 1}],
+        "driver": {} if exit_code == 2 else {"user_space": "535.104.05", "kernel_module": "535.104.05"},
+        "xid_events": [],
+    }
+
+
+NO_SMI = {"cause": "nvidia-smi was not found.", "fix": "Install the driver (playbooks/site.yml)."}
+
+
+def _compact(status: str, findings: list | None = None, error: dict | None = None) -> dict:
+    return {"status": status, "checked_at": "2026-12-01T17:03:12Z", "findings": findings or [], "error": error}
+
+
+def test_collect_carries_each_hosts_health_compact_and_none_without_the_fact():
+    results = {"gpu_verify_results": {"tf2.12": {"ok": True}, "tf2.18": {"ok": True}}}
+    hostvars = {
+        "ok": dict(results, gpu_health_report=_health_report(0)),
+        "sick": dict(results, gpu_health_report=_health_report(1, [ECC, PERSISTENCE])),
+        "blind": dict(results, gpu_health_report=_health_report(2, error=NO_SMI)),
+        "unchecked": dict(results),  # gpu_health did not run (or ran under --check)
+    }
+    report = gpu_report.gpu_verify_collect(list(hostvars), hostvars, list(hostvars))
+    expected = {
+        "ok": _compact("healthy"),
+        "sick": _compact("unhealthy", [ECC, PERSISTENCE]),
+        "blind": _compact("could not check", error=NO_SMI),
+        "unchecked": None,
+    }
+    assert {host: [doc["health"] for doc in docs] for host, docs in report.items()} == {
+        host: [health, health] for host, health in expected.items()
+    }
+    # compact: not the GPU rows, the driver, the checks or the XID events
+    assert set(report["sick"][0]["health"]) == {"status", "checked_at", "findings", "error"}
+
+
+def test_collect_carries_the_health_of_hosts_without_verification_results():
+    sick = _health_report(1, [ECC])
+    hostvars = {
+        "left": {
+            "gpu_verify_failed_reason": "task 'Fail this host when it is unhealthy': ...",
+            "gpu_health_report": sick,
+        },
+        "stayed": {"gpu_health_report": _health_report(2, error=NO_SMI)},
+        "plain": {},
+    }
+    report = gpu_report.gpu_verify_collect(["left", "stayed", "plain"], hostvars, ["stayed", "plain"])
+    assert report["left"]["unreachable"] is True and report["left"]["health"] == _compact("unhealthy", [ECC])
+    assert report["stayed"]["unreachable"] is False
+    assert report["stayed"]["health"] == _compact("could not check", error=NO_SMI)
+    assert report["plain"]["health"] is None
+
+
+def test_health_status_without_an_exit_code_follows_up_and_the_findings():
+    rows = [
+        ({"up": True, "healthy": True, "findings": []}, "healthy"),
+        ({"up": True, "healthy": False, "findings": [ECC]}, "unhealthy"),
+        ({"up": False, "error": NO_SMI}, "could not check"),
+    ]
+    for report, status in rows:
+        hostvars = {"h": {"gpu_verify_results": {"tf": {"ok": True}}, "gpu_health_report": report}}
+        assert gpu_report.gpu_verify_collect(["h"], hostvars, ["h"])["h"][0]["health"]["status"] == status
+
+
+def test_a_collected_unhealthy_host_still_passes_verification_and_fails_its_health_case():
+    passed = {"schema": 1, "ok": True, "problems": []}
+    hostvars = {"gpu1": {"gpu_verify_results": {"tf2.12": passed}, "gpu_health_report": _health_report(1, [ECC])}}
+    report = fleet_report.build_report(gpu_report.gpu_verify_collect(["gpu1"], hostvars, ["gpu1"]), None)
+    assert report["hosts"]["gpu1"]["status"] == "PASS" and report["summary"]["passed"] == 1
+    assert report["hosts"]["gpu1"]["health"]["status"] == "unhealthy"
+    suite = ET.fromstring(fleet_report.format_junit(report))
+    assert [c.get("name") for c in suite.findall("testcase") if c.find("failure") is not None] == ["health"]

@@ -212,7 +212,15 @@ def test_hosts_left_out_are_listed_with_why_and_never_as_passed_or_failed(tmp_pa
     }
     code, done = cli(tmp_path, results, "--not-verified", json.dumps(left_out))
     assert code == 0
-    assert done["summary"] == {"hosts": 4, "passed": 1, "failed": 1, "unreachable": 1, "rechecked": 2, "not_in_run": 2}
+    assert done["summary"] == {
+        "hosts": 4,
+        "passed": 1,
+        "failed": 1,
+        "unreachable": 1,
+        "rechecked": 2,
+        "not_in_run": 2,
+        "health": {"healthy": 0, "unhealthy": 0, "could_not_check": 0, "not_checked": 4},
+    }
     report = json.loads((tmp_path / "lab" / "latest" / "fleet-report.json").read_text())
     busy, later = report["hosts"]["busy"], report["hosts"]["later"]
     assert (busy["status"], later["status"]) == ("SKIPPED", "NOT REACHED")
@@ -230,7 +238,7 @@ def test_hosts_left_out_are_listed_with_why_and_never_as_passed_or_failed(tmp_pa
     skipped = {
         c.get("classname"): c.find("skipped").get("message")
         for c in junit.iter("testcase")
-        if c.find("skipped") is not None
+        if c.find("skipped") is not None and c.get("name") == "verification"
     }
     assert skipped["later"] == "not reached: the rollout stopped after failing failed (last seen never: unknown)"
     assert "python3 pid 4242" in skipped["busy"]
@@ -302,11 +310,17 @@ def _role_step(task: dict[str, Any]) -> tuple[str, str] | None:
 
 
 def _expand(tasks: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
-    """The tasks with each playbook task file they import (playbooks/tasks/) in its place."""
+    """The tasks with each playbook task file they import (playbooks/tasks/) in its place, and each
+    block's tasks (block, rescue, always) in the block's place."""
     expanded = []
     for task in tasks or []:
         imported = task.get("ansible.builtin.import_tasks")
-        expanded += _expand(_load("playbooks/" + imported)) if imported else [task]
+        if imported:
+            expanded += _expand(_load("playbooks/" + imported))
+        elif "block" in task:
+            expanded += _expand(task["block"] + task.get("rescue", []) + task.get("always", []))
+        else:
+            expanded.append(task)
     return expanded
 
 
@@ -361,8 +375,11 @@ def test_reprovision_guards_checks_and_drains_in_that_order_and_undrains_last():
     # Every check of playbooks/preflight.yml runs before the drain; the first change after it.
     preflight = site_steps()[0]
     assert max(steps.index(s) for s in preflight) < drain < steps.index(("nvidia_driver", "main"))
-    # The report's hosts left out are named once per batch, right before the verification writes it.
-    assert steps.index(("gpu_rollout", "status")) == steps.index(("gpu_verify", "main")) - 1 == undrain - 2
+    # The report's hosts left out are named once per batch, right before the verification writes it;
+    # between the verification and the undrain only the health baseline of what was verified.
+    verify = steps.index(("gpu_verify", "main"))
+    assert steps.index(("gpu_rollout", "status")) == verify - 1
+    assert steps[verify + 1 : undrain] == [("gpu_health", "record")]
 
 
 def test_a_failed_host_gets_its_batch_report_then_counts_against_max_fail_percentage():

@@ -26,6 +26,7 @@ import report_history
 HEADERS = [
     "host",
     "status",
+    "GPU health",
     "driver",
     "CUDA",
     "cuDNN",
@@ -181,6 +182,7 @@ def test_rows_show_loaded_versions_and_columns() -> None:
         "unreachable": 1,
         "rechecked": 5,
         "not_in_run": 0,
+        "health": {"healthy": 0, "unhealthy": 0, "could_not_check": 0, "not_checked": 5},
     }
 
 
@@ -264,13 +266,14 @@ def test_report_files(tmp_path: Path) -> None:
         "unreachable": 1,
         "rechecked": 5,
         "not_in_run": 0,
+        "health": {"healthy": 0, "unhealthy": 0, "could_not_check": 0, "not_checked": 5},
     }
     assert data["hosts"]["gpu02"]["results"] == [RESULTS["gpu02"]]
     md = (latest / "fleet-report.md").read_text()
     assert md.startswith("# GPU fleet report — run 42")
     assert "| " + " | ".join(HEADERS) + " |" in md
     assert (
-        "| gpu01 (tf2.12) | PASS | 520.61.05 | 11.8 | 8.6.0 | 2.12.1 | 2/2 | 2 | - | 2.403→0.595 | 3.21 | 1234.6 | - | 6.50 | - | gpu |  |  |\n"
+        "| gpu01 (tf2.12) | PASS | not checked | 520.61.05 | 11.8 | 8.6.0 | 2.12.1 | 2/2 | 2 | - | 2.403→0.595 | 3.21 | 1234.6 | - | 6.50 | - | gpu |  |  |\n"
         in md
     )
     assert "/usr/lib/x \\| y" in md  # a pipe in a cause must not break the table
@@ -366,15 +369,19 @@ def test_html_is_self_contained_with_a_coloured_row_per_host():
 def test_junit_has_a_case_per_host_and_check_and_the_failure():
     suite = ET.fromstring(fleet_report.format_junit(_two_host_report()))
     cases = suite.findall("testcase")
-    assert len(cases) == 2 * len(fleet_report.CHECKS)
+    assert len(cases) == 2 * len(fleet_report.CHECKS) + 2  # and each host's health
     failed = [(c.get("classname"), c.get("name")) for c in cases if c.find("failure") is not None]
     assert failed == [("gpu02 (tf2.12)", "libcudnn")]
-    assert not [c for c in cases if c.find("skipped") is not None]
+    # gpu_health did not run: each host's health is skipped, never passed
+    assert [(c.get("classname"), c.get("name")) for c in cases if c.find("skipped") is not None] == [
+        ("gpu01", "health"),
+        ("gpu02", "health"),
+    ]
     assert (suite.get("tests"), suite.get("failures"), suite.get("errors"), suite.get("skipped")) == (
         str(len(cases)),
         "1",
         "0",
-        "0",
+        "2",
     )
 
 
@@ -428,9 +435,9 @@ def test_fit_not_run_is_skipped_in_junit(doc: dict[str, Any], reason: str) -> No
     passed = [c.get("name") for c in suite.findall("testcase") if len(c) == 0]
     assert "fit" not in passed and len(passed) == len(fleet_report.CHECKS) - 1
     assert (suite.get("tests"), suite.get("failures"), suite.get("skipped")) == (
-        str(len(fleet_report.CHECKS)),
+        str(len(fleet_report.CHECKS) + 1),  # and the host's health, not checked
         "0",
-        "1",
+        "2",
     )
 
 
@@ -523,7 +530,7 @@ def test_a_host_without_a_verification_document_is_one_failure_and_every_check_n
     assert row["not_run"] == "all"
     suite = ET.fromstring(fleet_report.format_junit(report))
     cases = [c for c in suite.findall("testcase") if c.get("classname") == host]
-    assert [c.get("name") for c in cases] == ["verification", *fleet_report.CHECKS]
+    assert [c.get("name") for c in cases] == ["verification", *fleet_report.CHECKS, "health"]
     failure = cases[0].find("failure")
     assert failure is not None and failure.get("message") == cause
     assert "Fix: " in failure.text
@@ -538,9 +545,9 @@ def test_unreachable_host_in_junit_has_one_failure_with_the_reason_the_checks_sk
     failure = case.find("failure")
     assert failure.get("type") == "unreachable"
     assert failure.get("message") == "Host unreachable: ssh: connect to host gpu03 port 22: No route to host"
-    checks = len(fleet_report.CHECKS)
+    checks = len(fleet_report.CHECKS) + 1  # and its health, not checked
     assert (suite.get("tests"), suite.get("failures"), suite.get("skipped")) == (str(1 + checks), "1", str(checks))
-    assert [c.get("name") for c in not_run] == list(fleet_report.CHECKS)
+    assert [c.get("name") for c in not_run] == [*fleet_report.CHECKS, "health"]
 
 
 @pytest.mark.parametrize(
@@ -648,7 +655,8 @@ def test_merge_carries_over_the_hosts_a_limited_run_did_not_verify() -> None:
         assert [o["passed"] for row in entry["rows"] for o in row["checks"].values()] == [None]
         assert entry["problems"] == []  # not a current failure either
     assert merged["hosts"]["gpu03"]["last_problems"][0]["cause"] == "loss is nan"
-    assert merged["summary"] == {
+    # fleet_report.run counts the health of the merged hosts (test_merge_keeps_each_hosts_health_...)
+    assert {key: value for key, value in merged["summary"].items() if key != "health"} == {
         "hosts": 3,
         "passed": 0,
         "failed": 1,
@@ -665,7 +673,8 @@ def test_a_stale_pass_is_never_a_current_pass() -> None:
     junit = ET.fromstring(fleet_report.format_junit(merged))
     cases = [c for c in junit.iter("testcase") if c.get("classname").startswith("gpu02")]
     assert [(c.get("name"), [(e.tag, e.get("message")) for e in c]) for c in cases] == [
-        ("verification", [("skipped", "not in this run (last seen 2026-12-01T17:04:00Z: PASS)")])
+        ("verification", [("skipped", "not in this run (last seen 2026-12-01T17:04:00Z: PASS)")]),
+        ("health", [("skipped", "not in this run: no GPU health report from an earlier run")]),
     ]
     text = fleet_report.format_text(merged)
     assert "3 hosts" not in text and "2 hosts: 0 passed, 1 failed (0 unreachable), 1 not in this run" in text
@@ -860,3 +869,185 @@ def test_a_later_report_of_the_same_run_replaces_the_earlier_and_other_runs_stay
     assert final["supersedes"] == [Path(first["run_dir"]).name] and final["run_id"] == "rollout-A"
     assert (final["hosts"]["gpu01"]["status"], final["hosts"]["gpu02"]["status"]) == ("NOT IN THIS RUN", "FAIL")
     assert "not reached yet" not in json.dumps(final)
+
+
+# --- GPU health at the time of the run (gpu_verify_collect's ``health``, from gpu_health) ----------
+
+CHECKED = "2026-12-01T17:03:12Z"
+ECC = {
+    "check": "ecc",
+    "bus_id": "00000000:3B:00.0",
+    "cause": "GPU 00000000:3B:00.0 has 2 uncorrectable ECC errors <since load>.",
+    "fix": "Drain the host and have the GPU replaced.",
+}
+PERSISTENCE = {"check": "persistence", "bus_id": None, "cause": "Persistence mode is off.", "fix": "nvidia-smi -pm 1"}
+NO_SMI = {"cause": "nvidia-smi was not found.", "fix": "Install the driver (playbooks/site.yml)."}
+
+
+def _health(status: str, findings: list | None = None, error: dict | None = None) -> dict[str, Any]:
+    return {"status": status, "checked_at": CHECKED, "findings": findings or [], "error": error}
+
+
+def _health_results() -> dict[str, Any]:
+    """Four hosts whose verification passed: healthy, unhealthy, could not check, not checked."""
+    return {
+        "gpu01": [dict(passing_doc(), health=_health("healthy"))],
+        "gpu02": [dict(passing_doc(), health=_health("unhealthy", [ECC, PERSISTENCE]))],
+        "gpu03": [dict(passing_doc(), health=_health("could not check", error=NO_SMI))],
+        "gpu04": [dict(passing_doc(), health=None)],
+    }
+
+
+def test_each_hosts_health_is_in_the_json_and_counted_in_the_summary() -> None:
+    report = fleet_report.build_report(_health_results(), None)
+    assert {host: entry["health"] for host, entry in report["hosts"].items()} == {
+        "gpu01": _health("healthy"),
+        "gpu02": _health("unhealthy", [ECC, PERSISTENCE]),
+        "gpu03": _health("could not check", error=NO_SMI),
+        "gpu04": None,
+    }
+    assert report["summary"]["health"] == {"healthy": 1, "unhealthy": 1, "could_not_check": 1, "not_checked": 1}
+    # health is shown, never part of the verification's verdict
+    assert [entry["status"] for entry in report["hosts"].values()] == ["PASS"] * 4
+    assert (report["summary"]["passed"], report["summary"]["failed"]) == (4, 0)
+    assert "health" not in report["hosts"]["gpu01"]["rows"][0]  # a host's, not a row's
+
+
+def test_each_health_status_shows_in_the_markdown_column_and_the_details() -> None:
+    md = fleet_report.format_markdown(fleet_report.build_report(_health_results(), None))
+    cells = {line.split(" | ")[0][2:]: line.split(" | ")[2] for line in md.splitlines() if line.startswith("| gpu0")}
+    assert cells == {
+        "gpu01 (tf2.12)": "healthy",
+        "gpu02 (tf2.12)": "unhealthy (2 findings)",
+        "gpu03 (tf2.12)": "could not check",
+        "gpu04 (tf2.12)": "not checked",
+    }
+    assert "GPU health: 1 healthy, 1 unhealthy, 1 could not check, 1 not checked." in md
+    assert md.split("## GPU health\n\n")[1].splitlines() == [
+        f"- **gpu02**: unhealthy, 2 findings (checked {CHECKED})",
+        f"  - `ecc 00000000:3B:00.0`: {ECC['cause']}  ",
+        f"    Fix: {ECC['fix']}",
+        "  - `persistence`: Persistence mode is off.  ",
+        "    Fix: nvidia-smi -pm 1",
+        f"- **gpu03**: could not check (checked {CHECKED})",
+        "  - `health`: nvidia-smi was not found.  ",
+        "    Fix: Install the driver (playbooks/site.yml).",
+    ]
+
+
+def test_each_health_status_shows_in_the_html_column_and_the_details() -> None:
+    page = fleet_report.format_html(fleet_report.build_report(_health_results(), None))
+    for status, cell in (
+        ("healthy", "healthy"),
+        ("unhealthy", "unhealthy (2 findings)"),
+        ("could-not-check", "could not check"),
+        ("not-checked", "not checked"),
+    ):
+        assert f'<td class="health"><span class="health {status}">{cell}</span></td>' in page
+    heads = re.findall(r"<th>([^<]*)</th>", page)
+    assert heads[:3] == ["host", "status", "GPU health"]  # beside the status at 1400 px
+    assert '<p id="health-summary">GPU health: 1 healthy, 1 unhealthy, 1 could not check, 1 not checked.</p>' in page
+    details = page.split('<ul id="health">')[1].split("</ul>\n")[0]
+    assert f"<li><b>gpu02</b>: unhealthy, 2 findings (checked {CHECKED})<ul>" in details
+    assert f"<code>ecc 00000000:3B:00.0</code>: {html.escape(ECC['cause'])}<br>Fix: {ECC['fix']}" in details
+    assert "<li><code>health</code>: nvidia-smi was not found.<br>Fix: Install the driver" in details
+    assert "gpu01" not in details and "gpu04" not in details
+    assert page.count('<tr class="pass">') == 4
+
+
+def test_each_host_has_a_junit_health_case_failed_when_unhealthy_skipped_when_not_checked() -> None:
+    suite = ET.fromstring(fleet_report.format_junit(fleet_report.build_report(_health_results(), None)))
+    cases = {c.get("classname"): c for c in suite.findall("testcase") if c.get("name") == "health"}
+    assert list(cases) == ["gpu01", "gpu02", "gpu03", "gpu04"]
+    assert len(cases["gpu01"]) == 0  # passed
+    failure = cases["gpu02"].find("failure")
+    assert (failure.get("type"), failure.get("message")) == (
+        "ecc, persistence",
+        f"unhealthy, 2 findings (checked {CHECKED})",
+    )
+    assert failure.text == (
+        f"[ecc 00000000:3B:00.0] {ECC['cause']}\nFix: {ECC['fix']}\n"
+        "[persistence] Persistence mode is off.\nFix: nvidia-smi -pm 1"
+    )
+    assert cases["gpu03"].find("skipped").get("message") == (
+        f"could not check (checked {CHECKED}): nvidia-smi was not found. Fix: Install the driver (playbooks/site.yml)."
+    )
+    assert cases["gpu04"].find("skipped").get("message") == f"not checked: {fleet_report.NOT_CHECKED_REASON}"
+    # every verification case passed; the one failure is gpu02's health
+    assert [c.get("name") for c in suite.findall("testcase") if len(c)] == ["health"] * 3
+    assert (suite.get("tests"), suite.get("failures"), suite.get("skipped")) == (
+        str(4 * len(fleet_report.CHECKS) + 4),
+        "1",
+        "2",
+    )
+
+
+def test_the_text_report_counts_health_and_lists_the_findings() -> None:
+    text = fleet_report.format_text(fleet_report.build_report(_health_results(), None))
+    assert "GPU health: 1 healthy, 1 unhealthy, 1 could not check, 1 not checked" in text
+    assert text.split("GPU health:\n")[1].splitlines()[:3] == [
+        f"  gpu02: unhealthy, 2 findings (checked {CHECKED})",
+        f"    [ecc 00000000:3B:00.0] {ECC['cause']}",
+        f"        fix: {ECC['fix']}",
+    ]
+
+
+def test_a_passing_verification_with_an_unhealthy_gpu_still_passes_verification() -> None:
+    report = fleet_report.build_report({"gpu02": _health_results()["gpu02"]}, None)
+    host = report["hosts"]["gpu02"]
+    assert (host["status"], host["rows"][0]["status"], host["problems"]) == ("PASS", "PASS", [])
+    assert report["summary"] == {
+        "hosts": 1,
+        "passed": 1,
+        "failed": 0,
+        "unreachable": 0,
+        "rechecked": 1,
+        "not_in_run": 0,
+        "health": {"healthy": 0, "unhealthy": 1, "could_not_check": 0, "not_checked": 0},
+    }
+    assert "1 host: 1 passed, 0 failed (0 unreachable)" in fleet_report.format_markdown(report)
+    checks = [c for c in ET.fromstring(fleet_report.format_junit(report)).iter("testcase") if c.get("name") != "health"]
+    assert checks and all(len(c) == 0 for c in checks)  # every verification check passed
+
+
+def test_an_unreachable_host_shows_the_health_it_was_failed_for() -> None:
+    doc = {
+        "ok": False,
+        "unreachable": True,
+        "failed": "task 'Fail this host when it is unhealthy'",
+        "health": _health("unhealthy", [ECC]),
+    }
+    report = fleet_report.build_report({"gpu05": doc}, None)
+    assert report["hosts"]["gpu05"]["status"] == "FAIL"
+    assert report["hosts"]["gpu05"]["health"]["findings"] == [ECC]
+    assert "| gpu05 | FAIL | unhealthy (1 finding) |" in fleet_report.format_markdown(report)
+
+
+def test_merge_keeps_each_hosts_health_from_when_it_was_checked(tmp_path: Path) -> None:
+    _cli(tmp_path, _health_results(), T0)
+    later = dict(passing_doc(), health=dict(_health("healthy"), checked_at="2026-12-01T18:03:00Z"))
+    _cli(
+        tmp_path,
+        {"gpu01": [later]},
+        T1,
+        "--inventory-hosts",
+        '["gpu01", "gpu02", "gpu03", "gpu04"]',
+        "--limit",
+        "gpu01",
+    )
+    latest = tmp_path / "lab" / "latest"
+    data = json.loads((latest / "fleet-report.json").read_text())
+    assert data["hosts"]["gpu01"]["health"]["checked_at"] == "2026-12-01T18:03:00Z"  # this run's
+    assert data["hosts"]["gpu02"]["carried_over"] is True
+    assert data["hosts"]["gpu02"]["health"] == _health("unhealthy", [ECC, PERSISTENCE])  # from when it was checked
+    assert data["hosts"]["gpu03"]["health"] == _health("could not check", error=NO_SMI)
+    assert data["summary"]["health"] == {"healthy": 1, "unhealthy": 1, "could_not_check": 1, "not_checked": 1}
+    md = (latest / "fleet-report.md").read_text()
+    assert "| unhealthy (2 findings) |" in md and f"- **gpu02**: unhealthy, 2 findings (checked {CHECKED})" in md
+    junit = ET.fromstring((latest / "fleet-report.junit.xml").read_text())
+    (carried,) = [c for c in junit.iter("testcase") if (c.get("classname"), c.get("name")) == ("gpu02", "health")]
+    assert (
+        carried.find("skipped").get("message")
+        == f"not in this run: GPU health as last checked, unhealthy, 2 findings (checked {CHECKED})"
+    )
+    assert junit.get("failures") == "0"  # an earlier run's findings are not this run's failure

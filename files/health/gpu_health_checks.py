@@ -1,0 +1,280 @@
+"""The checks of gpu_health.py that look past nvidia-smi: the PCI bus, the NVSwitch fabric manager
+and each TensorFlow stack's venv against its lock.
+
+gpu_health.py imports this file by name from its own folder: files/health in a clone of the
+collection, the install folder on a host, where the role copies it beside gpu_health.py with
+gpu_parsers.py and gpu_lock.py. The readers here read files only; the one command these checks
+need, ``systemctl is-active nvidia-fabricmanager``, is run by gpu_health.py and its answer read
+here (:func:`fabric_manager_answer`). Each judge is a pure function that returns findings in the
+form of gpu_health.py, ``{"check", "bus_id", "cause", "fix"}`` (bus_id None for the host).
+
+- ``pci``: the NVIDIA GPUs (vendor ``10de``, class ``0300`` VGA or ``0302`` 3D controller) that the
+  kernel sees on the PCI bus, from ``/sys/bus/pci/devices/<bus id>/{vendor,device,class}``
+  (gpu_parsers.parse_sysfs_pci; the Linux kernel documentation "Accessing PCI device resources
+  through sysfs", https://docs.kernel.org/PCI/sysfs-pci.html), against the baseline and against
+  what nvidia-smi lists. A GPU that fell off the bus (NVIDIA "XID Errors",
+  https://docs.nvidia.com/deploy/xid-errors/, Xid 79) stays in sysfs while NVML no longer lists it;
+  a GPU gone from sysfs is gone from the bus.
+- ``fabric_manager``: on NVSwitch systems (HGX) NVIDIA Fabric Manager sets up the NVSwitch fabric,
+  and CUDA work on the GPUs waits for it; its version must match the driver's (NVIDIA Fabric
+  Manager User Guide, https://docs.nvidia.com/datacenter/tesla/fabric-manager-user-guide/).
+  ``systemctl is-active UNIT`` prints the unit's active state (systemctl(1), ``is-active``; the
+  states are those ``systemctl --state=help`` lists).
+- ``venv``: what a venv holds, read without running its Python: each
+  ``lib/python3.*/site-packages/*.dist-info/METADATA`` (Python Packaging User Guide, "Recording
+  installed projects",
+  https://packaging.python.org/en/latest/specifications/recording-installed-packages/), whose
+  ``Name:`` and ``Version:`` header fields ("Core metadata specifications",
+  https://packaging.python.org/en/latest/specifications/core-metadata/) are compared with the lock
+  by gpu_lock.lock_drift. Legacy ``*.egg-info`` installs are not read (pip installs a lock's wheels
+  as ``.dist-info``).
+
+Standard library only, Python 3.8+.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import sys
+from typing import Any
+
+try:
+    import gpu_lock
+    import gpu_parsers
+except ImportError:  # a clone of the collection: the shared modules are in plugins/module_utils
+    sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "plugins", "module_utils"))
+    import gpu_lock
+    import gpu_parsers
+
+DEFAULT_PCI_DEVICES = "/sys/bus/pci/devices"
+PCI_DEVICE_FILES = ("vendor", "device", "class")
+FABRIC_MANAGER_UNIT = "nvidia-fabricmanager"
+# systemctl --state=help, "Available unit ACTIVE states"; some systemd versions print "unknown" for a
+# unit they have not loaded (not installed), which is not running either.
+UNIT_RUNNING = frozenset({"active", "reloading", "refreshing"})
+UNIT_STATES = UNIT_RUNNING | {"inactive", "failed", "activating", "deactivating", "maintenance", "unknown"}
+DRIFT_SHOWN = 3  # differences named in a venv finding; the rest are counted
+
+PCI_SKIP_FIX = "point --pci-devices at this host's /sys/bus/pci/devices or a folder of its layout"
+FIX_PCI_GONE = (
+    "Drain the host and power-cycle it (a warm reboot may not bring the GPU back); if it stays gone, "
+    "reseat it, check its slot, riser and power cables, and read the BMC's event log (`ipmitool sel elist`)."
+)
+FIX_PCI_UNLISTED = (
+    "Look for Xid 79 (fallen off the bus) and NVRM errors at driver load for this bus id in "
+    "`journalctl -k`; drain the host, then reset the GPU or reboot (nvidia-smi cannot reset a GPU "
+    "it does not list), and reseat or RMA a GPU that drops off again."
+)
+FIX_VENV = "Rerun site.yml (tf_venv) to restore the lock, or update the lock (`make locks`) and verify (verify.yml)."
+
+
+def finding(check: str, bus_id: str | None, cause: str, fix: str) -> dict[str, Any]:
+    """One finding: which check, which GPU (None: the host), what is wrong and what to do."""
+    return {"check": check, "bus_id": bus_id, "cause": cause, "fix": fix[:1].upper() + fix[1:]}
+
+
+def _read_text(path: str) -> str:
+    """The text of a small file, or '' when it cannot be read."""
+    try:
+        with open(path, encoding="ascii", errors="replace") as handle:
+            return handle.read()
+    except OSError:
+        return ""
+
+
+def read_pci_devices(path: str) -> tuple[dict[str, dict[str, str]] | None, str | None]:
+    """``{folder: {"vendor", "device", "class": text}}`` of each PCI function folder under ``path``
+    (the sysfs layout; a file that cannot be read is ''), and None; or None and why not."""
+    try:
+        names = sorted(os.listdir(path))
+    except OSError as exc:
+        return None, f"the PCI device folder {path} cannot be read ({exc.strerror or exc}); {PCI_SKIP_FIX}"
+    devices = {name: {key: _read_text(os.path.join(path, name, key)) for key in PCI_DEVICE_FILES} for name in names}
+    return devices, None
+
+
+def pci_gpus(path: str, listed: list[str]) -> tuple[list[str] | None, str | None]:
+    """The bus ids of the NVIDIA GPUs on the PCI bus (sysfs folder ``path``), and None; or None and
+    why the pci check is skipped. ``listed``: the bus ids nvidia-smi lists. NVML lists only GPUs on
+    the bus, so a folder without one of them is not this host's bus (a container sees the /sys of
+    the machine it runs on) and is not judged."""
+    devices, why = read_pci_devices(path)
+    if devices is None:
+        return None, why
+    try:
+        found = [gpu["pci_bus_id"] for gpu in gpu_parsers.parse_sysfs_pci(devices)]
+    except ValueError as exc:
+        return None, f"{path} is not a PCI device folder ({exc}); {PCI_SKIP_FIX}"
+    absent = sorted(set(listed) - set(found))
+    if absent:
+        return None, (
+            f"{path} lacks {len(absent)} of the {len(listed)} GPUs nvidia-smi lists (first {absent[0]}), so it is "
+            f"not this host's PCI bus (a container sees the /sys of the machine it runs on); {PCI_SKIP_FIX}"
+        )
+    return found, None
+
+
+def judge_pci(gpus: list[dict[str, Any]], on_bus: list[str], baseline: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each GPU of the baseline gone from the PCI bus, each GPU on the bus that nvidia-smi does not
+    list, and the count on the bus below the baseline's expected_gpus (when no bus id says it)."""
+    listed, bus, expected = {gpu["pci_bus_id"] for gpu in gpus}, set(on_bus), baseline["expected_gpus"]
+    gone = sorted(set(baseline["gpus"]) - bus)
+    findings = [
+        finding(
+            "pci",
+            bus_id,
+            f"GPU {bus_id} of the baseline is gone from the PCI bus: the kernel no longer sees it.",
+            FIX_PCI_GONE,
+        )
+        for bus_id in gone
+    ]
+    findings += [
+        finding(
+            "pci",
+            bus_id,
+            f"GPU {bus_id} is on the PCI bus but nvidia-smi does not list it: it fell off the bus, or the driver did not initialise it.",
+            FIX_PCI_UNLISTED,
+        )
+        for bus_id in sorted(bus - listed)
+    ]
+    if len(bus) < expected and not gone:
+        cause = f"The PCI bus has {len(bus)} NVIDIA GPUs; the baseline expects {expected}."
+        findings.append(finding("pci", None, cause, FIX_PCI_GONE))
+    return findings
+
+
+def fabric_manager_expected(baseline: dict[str, Any]) -> bool:
+    """Whether the baseline says this is an NVSwitch system (any GPU's fabric_manager_expected)."""
+    return any(gpu.get("fabric_manager_expected") for gpu in baseline["gpus"].values())
+
+
+def fabric_manager_answer(command: str, stdout: str, stderr: str) -> dict[str, str | None]:
+    """``{"state", "note"}`` from the answer of ``systemctl is-active nvidia-fabricmanager``: the unit's
+    state, or None and why there is none (systemd not running, as in most containers)."""
+    words = stdout.split()
+    if words and words[0] in UNIT_STATES:
+        return {"state": words[0], "note": None}
+    said = " ".join((stdout + " " + stderr).split())[:200] or "no output"
+    return {"state": None, "note": f"`{command}` printed no unit state ({said}): systemd does not run here"}
+
+
+def judge_fabric_manager(state: str, driver: str | None) -> list[dict[str, Any]]:
+    """A finding when nvidia-fabricmanager, which the baseline expects, is not running."""
+    if state in UNIT_RUNNING:
+        return []
+    cause = (
+        f"The nvidia-fabricmanager service is {state}; the baseline expects it (NVSwitch system): without it the "
+        "NVSwitch fabric is not set up and CUDA work on these GPUs fails to start."
+    )
+    version = f" ({driver})" if driver else ""
+    fix = (
+        "Start and enable it, `systemctl enable --now nvidia-fabricmanager`, and read "
+        f"`journalctl -u nvidia-fabricmanager` if it stops: its version must match the driver's{version}, "
+        "so `nv-fabricmanager --version` must print the driver's version; upgrade both together."
+    )
+    return [finding("fabric_manager", None, cause, fix)]
+
+
+def validate_stacks(stacks: Any) -> dict[str, dict[str, str]]:
+    """The baseline's ``stacks`` (None: {}): ``{name: {"venv", "lock"}}``, both absolute paths; the
+    lock defaults to ``<venv>/tf-lock.txt`` (gpu_lock.VENV_LOCK_FILE).
+
+    Raises:
+        ValueError: it does not follow the schema; the message names the key.
+    """
+    if stacks is None:
+        return {}
+    if not isinstance(stacks, dict):
+        raise ValueError("stacks is not an object keyed by stack name")
+    checked = {}
+    for name, entry in stacks.items():
+        if not name:
+            raise ValueError("stacks has an empty stack name")
+        if not isinstance(entry, dict):
+            raise ValueError(f"stacks[{name!r}] is not an object")
+        venv = entry.get("venv")
+        lock = entry.get("lock", os.path.join(venv, gpu_lock.VENV_LOCK_FILE) if isinstance(venv, str) else None)
+        for key, value in (("venv", venv), ("lock", lock)):
+            if not isinstance(value, str) or not os.path.isabs(value):
+                raise ValueError(f"stacks[{name!r}].{key} is {value!r}, not an absolute path")
+        checked[name] = {"venv": venv, "lock": lock}
+    return checked
+
+
+def dist_info(folder: str) -> tuple[str | None, str | None]:
+    """Name and version of one ``*.dist-info`` folder: its METADATA's ``Name:`` and ``Version:``
+    headers, else the folder's name ``{name}-{version}.dist-info``; (None, None) when neither says."""
+    fields: dict[str, str] = {}
+    try:
+        with open(os.path.join(folder, "METADATA"), encoding="utf-8", errors="replace") as handle:
+            for line in handle:
+                if not line.strip():
+                    break  # the headers end at the first blank line; the description follows
+                key, colon, value = line.partition(":")
+                if colon and key in ("Name", "Version"):
+                    fields.setdefault(key, value.strip())
+    except OSError:
+        pass
+    if fields.get("Name") and fields.get("Version"):
+        return fields["Name"], fields["Version"]
+    name, dash, version = os.path.basename(folder)[: -len(".dist-info")].rpartition("-")
+    return (name, version) if dash and name and version else (None, None)
+
+
+def read_installed(venv: str) -> dict[str, str] | None:
+    """``{normalised name: version}`` of every distribution in the venv's
+    ``lib/python3.*/site-packages``, or None when it has no such folder."""
+    folders = sorted(glob.glob(os.path.join(glob.escape(venv), "lib", "python3.*", "site-packages")))
+    if not folders:
+        return None
+    installed = {}
+    for folder in folders:
+        for info in sorted(glob.glob(os.path.join(glob.escape(folder), "*.dist-info"))):
+            name, version = dist_info(info)
+            if name and version:
+                installed[gpu_lock.normalize_name(name)] = version
+    return installed
+
+
+def read_stack(venv: str, lock: str) -> dict[str, Any]:
+    """What a stack's venv holds and its lock pins: ``{"venv", "lock", "installed", "lock_text",
+    "problem"}``; ``problem`` says why they cannot be compared (the venv or the lock is gone)."""
+    seen: dict[str, Any] = {"venv": venv, "lock": lock, "installed": None, "lock_text": None, "problem": None}
+    if not os.path.isdir(venv):
+        seen["problem"] = f"its venv {venv} is gone"
+        return seen
+    seen["installed"] = read_installed(venv)
+    if seen["installed"] is None:
+        seen["problem"] = f"its venv {venv} has no lib/python3.*/site-packages"
+        return seen
+    try:
+        with open(lock, encoding="utf-8") as handle:
+            seen["lock_text"] = handle.read()
+    except OSError as exc:
+        seen["problem"] = f"its lock {lock} cannot be read ({exc.strerror or exc})"
+    return seen
+
+
+def drift_summary(drift: dict[str, Any]) -> str:
+    """``1 changed, 2 extra: numpy 1.26.4 installed, the lock has 1.24.3; ...`` (the first
+    :data:`DRIFT_SHOWN` differences, then how many more)."""
+    counts = ", ".join(f"{len(drift[key])} {key}" for key in ("changed", "missing", "extra") if drift[key])
+    lines = list(drift["lines"])
+    shown = "; ".join(lines[:DRIFT_SHOWN])
+    more = f"; and {len(lines) - DRIFT_SHOWN} more" if len(lines) > DRIFT_SHOWN else ""
+    return f"{counts}: {shown}{more}"
+
+
+def judge_venv(stacks: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """A finding per stack whose venv or lock is gone, or whose venv differs from its lock."""
+    findings = []
+    for name, seen in sorted(stacks.items()):
+        if seen["problem"]:
+            findings.append(finding("venv", None, f"Stack {name}: {seen['problem']}.", FIX_VENV))
+            continue
+        drift = gpu_lock.lock_drift(seen["lock_text"], seen["installed"])
+        if not drift["ok"]:
+            cause = f"The venv {seen['venv']} of stack {name} differs from its lock {seen['lock']} ({drift_summary(drift)})."
+            findings.append(finding("venv", None, cause, FIX_VENV))
+    return findings
