@@ -193,6 +193,10 @@ FIX_HANG = (
     "`journalctl -k`, then drain the host and reset the GPU (`nvidia-smi -r`) or reboot."
 )
 FIX_NVIDIA_SMI_FAILED = "Run the command by hand and read its message; exit status 9 means the driver is not loaded (reboot after an install)."
+NO_BASELINE = (
+    "no baseline at {path} yet: the host has not passed a verification (playbooks/verify.yml records one "
+    "when it passes), so the GPU count and the PCI bus are not judged"
+)
 FIX_BASELINE = (
     "Run the GPU verification (the gpu_verify role), which writes the baseline when it passes, "
     "or pass --baseline with the path."
@@ -457,15 +461,18 @@ def validate_baseline(document: Any) -> dict[str, Any]:
     }
 
 
-def load_baseline(path: str) -> dict[str, Any]:
-    """:func:`validate_baseline` of the JSON file at ``path``.
+def load_baseline(path: str) -> dict[str, Any] | None:
+    """:func:`validate_baseline` of the JSON file at ``path``; None when there is none yet (a host not
+    verified yet: the checks that need one are skipped).
 
     Raises:
-        CouldNotCheck: the file is missing, unreadable, not JSON or not a baseline.
+        CouldNotCheck: the file is unreadable, not JSON or not a baseline.
     """
     try:
         with open(path, encoding="utf-8") as handle:
             return validate_baseline(json.load(handle))
+    except FileNotFoundError:
+        return None
     except OSError as exc:
         raise CouldNotCheck(f"The baseline {path} could not be read ({exc.strerror}).", FIX_BASELINE) from None
     except ValueError as exc:
@@ -804,7 +811,7 @@ def judge_host(observed: dict[str, Any], baseline: dict[str, Any]) -> dict[str, 
     """The checks of gpu_health_checks that the baseline asks for and the observations allow: pci
     (with the GPUs nvidia-smi lists), fabric_manager (where expected) and venv (with stacks)."""
     results = {"venv": checks.judge_venv(observed.get("stacks") or {})} if baseline["stacks"] else {}
-    if observed["gpus"] is not None and observed.get("pci") is not None:
+    if observed["gpus"] is not None and observed.get("pci") is not None and baseline["expected_gpus"] is not None:
         results["pci"] = checks.judge_pci(observed["gpus"], observed["pci"], baseline)
     fabric = observed.get("fabric_manager") or {}
     if checks.fabric_manager_expected(baseline) and fabric.get("state"):
@@ -830,7 +837,7 @@ def judge(observed: dict[str, Any], baseline: dict[str, Any], catalog: dict[str,
     if gpus is not None:  # None: nvidia-smi could not talk to the driver, only the checks above apply
         results.update(
             nvidia_smi=[],  # it answered (a hang ends the check before: hung_report)
-            gpus=judge_gpus(gpus, baseline),
+            **({"gpus": judge_gpus(gpus, baseline)} if baseline["expected_gpus"] is not None else {}),
             pcie=judge_pcie(gpus, baseline),
             nvlink=judge_nvlink(gpus, observed["nvlink"], observed["nvlink_error"], baseline),
             ecc=judge_ecc(gpus),
@@ -1156,7 +1163,7 @@ def render_text(report: dict[str, Any]) -> str:
     if not report["up"]:
         return f"gpu_health: COULD NOT CHECK: {report['error']['cause']}\n  Fix: {report['error']['fix']}\n"
     present = sum(1 for row in report["gpus"] if row.get("present"))
-    listed = f"{present} GPU(s)" if "gpus" in report["checks"] else "GPUs not listed (nvidia-smi failed)"
+    listed = f"{present} GPU(s)" if "nvidia_smi" in report["checks"] else "GPUs not listed (nvidia-smi failed)"
     driver = report["driver"].get("kernel_module") or report["driver"].get("user_space") or "unknown"
     verdict = "healthy" if report["healthy"] else f"UNHEALTHY, {len(report['findings'])} finding(s)"
     lines = [
@@ -1374,8 +1381,13 @@ def run_check(args: argparse.Namespace, now: float) -> dict[str, Any]:
     """
     catalog = load_xid_catalog(args.xid_catalog or default_xid_catalog())
     baseline = load_baseline(args.baseline)
+    if baseline is None:  # not verified yet: the checks against the inventory's count wait for it
+        baseline = {"expected_gpus": None, "driver_version": None, "gpus": {}, "stacks": {}}
     observed = observe(args, read_state(args.state), baseline)
-    return build_report(now, observed, baseline, judge(observed, baseline, catalog))
+    report = build_report(now, observed, baseline, judge(observed, baseline, catalog))
+    if baseline["expected_gpus"] is None:
+        report["skipped"].update(dict.fromkeys(("gpus", "pci"), NO_BASELINE.format(path=args.baseline)))
+    return report
 
 
 def publish(report: dict[str, Any], args: argparse.Namespace) -> None:

@@ -301,7 +301,8 @@ def test_a_baseline_outside_the_schema_is_refused(change: dict[str, Any], messag
 
 def test_unreadable_baseline_could_not_check(tmp_path: Path) -> None:
     (tmp_path / "bad.json").write_text("{", encoding="utf-8")
-    for path in (tmp_path / "absent.json", tmp_path / "bad.json"):
+    assert gpu_health.load_baseline(str(tmp_path / "absent.json")) is None  # not verified yet
+    for path in (tmp_path, tmp_path / "bad.json"):
         with pytest.raises(gpu_health.CouldNotCheck) as caught:
             gpu_health.load_baseline(str(path))
         assert str(path) in caught.value.cause and "gpu_verify" in caught.value.fix
