@@ -7,7 +7,8 @@ like the integration tests' (the sandbox group_vars), then, timed from the contr
 1. ``site.yml`` on the bare hosts (first provisioning);
 2. ``site.yml`` again (the no-op; its changed count, module round trips and host writes);
 3. ``site.yml --skip-tags verify`` (the no-op provisioning plays);
-4. a play that only gathers facts (the floor: median of 3 runs).
+4. a play that only gathers facts (the floor: median of 3 runs);
+5. on the first converged host, ``gpu-health`` as its timer runs it (median CPU and wall seconds of 3).
 
 Definitions:
 
@@ -20,7 +21,8 @@ Definitions:
   once although it may stat and then copy.
 * Bytes pushed on the second run: the sizes of regular files on the host whose modification time
   is newer than a stamp taken just before the run, outside ``/proc``, ``/sys``, ``/dev``, ``/run``,
-  ``/tmp`` and Ansible's remote temp folders: what the run left on the host, whoever wrote it.
+  ``/tmp``, Ansible's remote temp folders and the health check's own output of each run (its state
+  file and the textfile metrics): what the run left on the host, whoever wrote it.
 * Fit seconds: ``fit.fit_seconds`` of each verification result in the run's fleet-report.json.
 
 The run takes many minutes (first provisioning installs TensorFlow in every container): it is run
@@ -82,8 +84,27 @@ FACTS_PLAY = """---
   tasks: []
 """
 
-# Paths never counted as written by the run: kernel views, scratch, and Ansible's own temp folders.
-FIND_EXCLUDES = ("/proc", "/sys", "/dev", "/run", "/tmp", "/root/.ansible", "/var/tmp")
+# Paths never counted as written by the run: kernel views, scratch, Ansible's own temp folders, and the
+# health check's output of each run (the time of its last check, the metrics for node_exporter).
+FIND_EXCLUDES = (
+    "/proc",
+    "/sys",
+    "/dev",
+    "/run",
+    "/tmp",
+    "/root/.ansible",
+    "/var/tmp",
+    "/var/lib/gpu-health/state.json",
+    "/var/lib/prometheus/node-exporter",
+)
+# One run of the installed health check on a host, as its timer runs it: its CPU seconds (user + system,
+# with its nvidia-smi children) and wall seconds, one JSON line.
+HEALTH_RUN = (
+    "import json, resource, subprocess, time; t = time.monotonic(); "
+    "subprocess.run(['gpu-health', '--format', 'json'], stdout=subprocess.DEVNULL, check=False, timeout=120); "
+    "r = resource.getrusage(resource.RUSAGE_CHILDREN); "
+    "print(json.dumps({'cpu_s': r.ru_utime + r.ru_stime, 'wall_s': time.monotonic() - t}))"
+)
 
 
 # --- pure parts (unit-tested on captured output) -------------------------------------------------
@@ -310,6 +331,14 @@ def _host_rows(small: dict[str, Any], large: dict[str, Any] | None) -> list[list
             _verdict(None if zero is None else float(zero), 0.0),
         ],
         [
+            "gpu-health per run: CPU s (wall s)",
+            _fmt(_health(small), 2),
+            _fmt(_health(big), 2),
+            "",
+            "<= 1 s CPU",
+            _verdict((small.get("health") or {}).get("cpu_s"), 1.0),
+        ],
+        [
             "fit seconds (min-max)",
             _fmt(_span(small.get("fit_s", []))),
             _fmt(_span(big.get("fit_s", []))),
@@ -318,6 +347,11 @@ def _host_rows(small: dict[str, Any], large: dict[str, Any] | None) -> list[list
             "",
         ],
     ]
+
+
+def _health(run: dict[str, Any]) -> str | None:
+    cost = run.get("health")
+    return f"{cost['cpu_s']:.2f} ({cost['wall_s']:.2f})" if cost else None
 
 
 def _span(values: list[float]) -> str | None:
@@ -447,6 +481,15 @@ def written_since_stamp(names: list[str]) -> tuple[int, int, list[str]]:
     return files, total, paths
 
 
+def health_check_cost(name: str, runs: int = 3) -> dict[str, float]:
+    """The median CPU and wall seconds of ``runs`` runs of gpu-health on a converged host."""
+    samples = []
+    for _ in range(runs):
+        done = subprocess.run(["podman", "exec", name, "python3", "-c", HEALTH_RUN], capture_output=True, text=True)
+        samples.append(json.loads(done.stdout))
+    return {key: statistics.median(sample[key] for sample in samples) for key in ("cpu_s", "wall_s")}
+
+
 def measure(count: int, work: Path, out: dict[str, Any], *, keep: bool) -> None:
     """All timed runs on ``count`` fresh hosts, recorded in ``out`` as they finish (a failed run
     leaves the figures before it); the hosts are removed afterwards unless ``keep``."""
@@ -469,6 +512,8 @@ def measure(count: int, work: Path, out: dict[str, Any], *, keep: bool) -> None:
         out["round_trip_tasks"] = {"host": busiest, "tasks": trips[busiest]}  # for --json: where they go
         out["pushes"] = pushes_changed(doc)
         out["fit_s"] = fit_seconds(latest_report(reports))
+        progress(f"{count} host(s): the health check, 3 runs")
+        out["health"] = health_check_cost(names[0])
         progress(f"{count} host(s): no-op --skip-tags verify")
         out["noop_prov_s"], _ = play(site, inventory, reports, "--skip-tags", "verify")
         progress(f"{count} host(s): fact-gathering play x3")

@@ -308,6 +308,7 @@ def test_critical_xids_are_the_catalogs_reset_reboot_and_rma_xids():
 # Each check of gpu_health.py with alerts of its own, and those alerts; GpuHealthFinding takes the
 # findings of any other check (one added to gpu_health.py later).
 COVERED_CHECKS = {
+    "nvidia_smi": ["GpuNvidiaSmiHung"],
     "gpus": ["GpuMissing", "GpuCountMismatch"],
     "pci": ["GpuGoneFromPciBus", "GpuMissing", "GpuCountMismatch"],
     "pcie": ["GpuPcieLinkDegraded", "GpuPcieLinkBelowBaseline"],

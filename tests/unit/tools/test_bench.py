@@ -23,7 +23,8 @@ CAPTURED = (ROOT / "tests/fixtures/bench/callback_noop.txt").read_text()
 # The issue's figures of 2026-12-01 (issue 10, "Why"): none of the ratio targets met.
 TODAY = {
     1: {"first_s": 235.0, "noop_s": 96.0, "noop_prov_s": 61.0, "facts_s": 3.8, "round_trips": 86,
-        "noop_changed": 0, "pushes": 0, "written_bytes": 0, "fit_s": [3.1]},
+        "noop_changed": 0, "pushes": 0, "written_bytes": 0, "fit_s": [3.1],
+        "health": {"cpu_s": 0.21, "wall_s": 0.48}},
     4: {"first_s": 554.0, "noop_s": 211.0, "facts_s": 6.5, "round_trips": 86, "noop_changed": 0,
         "pushes": 0, "written_bytes": 0, "fit_s": [3.0, 3.4, 3.2, 3.3]},
 }  # fmt: skip
@@ -136,6 +137,12 @@ def test_table_with_targets_met_and_a_byte_written():
     verdicts = {r[0]: r[-1] for r in rows[1:] if r[-1]}
     assert verdicts.pop("second run: bytes written on host") == "not met"
     assert set(verdicts.values()) == {"met"}
+
+
+def test_the_health_check_cost_is_shown_against_its_target():
+    assert row(bench.table_rows(TODAY), "gpu-health per run")[1:] == ["0.21 (0.48)", "-", "", "<= 1 s CPU", "met"]
+    slow = {1: dict(TODAY[1], health={"cpu_s": 1.5, "wall_s": 2.0})}
+    assert row(bench.table_rows(slow), "gpu-health per run")[-1] == "not met"
 
 
 def test_one_host_count_leaves_scaling_unmeasured():
