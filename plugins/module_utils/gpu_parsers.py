@@ -57,11 +57,26 @@ Sources for the formats (all public):
   https://github.com/stas00/ml-engineering, ``compute/accelerator/nvidia/debug.md``). ``dmesg`` and
   ``journalctl -k -o short-monotonic`` put the seconds since boot in brackets in front
   (journalctl(1), ``--output``).
+- ``dcgmi diag -r <level> -j`` (:func:`parse_dcgmi_diag`): the JSON that dcgmi's ``Diag.cpp`` builds in
+  NVIDIA's DCGM repository (https://github.com/NVIDIA/DCGM, ``dcgmi/Diag.cpp``, key names in
+  ``nvvs/include/NvvsJsonStrings.h``, schemas in ``testing/python3/dcgm_diag_schema.json``), in the
+  forms of its releases: DCGM 4.0 to 4.6 put it under ``"DCGM Diagnostic"``, each test's ``results``
+  one per entity (``"entity_group": "GPU"``, ``"entity_id"``) with ``warnings`` objects
+  (``"warning"``, ``"error_id"``, ...) and ``info`` a list, plus a ``test_summary``; DCGM 2.x and 3.x
+  put it under ``"DCGM GPU Diagnostic"``: per-GPU results carry ``"gpu_ids"`` (a string, up to 3.2)
+  or ``"gpu_id"`` (3.3), ``warnings`` a string (up to 3.2) or a list of objects (3.3), ``info`` a
+  string; the Deployment tests of 3.3.3 and later name the message key ``"warnings"`` inside each
+  warning object and give ``gpu_id`` as a number. A diagnostic that could not complete prints
+  ``{"DCGM Diagnostic": {"version", "runtime_error"}}``. Results are the words ``Pass``, ``Fail``,
+  ``Skip``, ``Warn`` and ``Not Run`` of dcgmi's ``HelperDisplayDiagResult``; in ``-j`` output dcgmi
+  prints a warning result as ``Fail`` (its unit test ``dcgmi/tests/DiagTests.cpp``) and leaves out
+  results that did not run.
 """
 
 from __future__ import annotations
 
 import csv
+import json
 import re
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -697,3 +712,128 @@ def parse_xid_events(text: str) -> list[dict[str, Any]]:
             }
         )
     return events
+
+
+# dcgmi diag -j (sources in the module docstring): the object's key by DCGM release, and the words of
+# a result (dcgmi's HelperDisplayDiagResult).
+DCGMI_DIAG_KEYS = ("DCGM Diagnostic", "DCGM GPU Diagnostic")  # DCGM 4.x; DCGM 2.x and 3.x
+DCGMI_DIAG_RESULTS = ("Pass", "Fail", "Warn", "Skip", "Not Run")
+
+
+class DcgmiDiagRuntimeError(ValueError):
+    """``dcgmi diag -j`` printed its ``runtime_error`` instead of results: the diagnostic could not
+    complete (the message is DCGM's, e.g. ``Error: Unable to complete diagnostic ...``)."""
+
+
+def _dcgm_texts(value: Any, where: str) -> list[str]:
+    """DCGM's messages: a string, a list of strings (4.x ``info``) or a list of warning objects whose
+    message is ``"warning"`` (``"warnings"`` in the Deployment tests of 3.3); JSON nulls are gaps."""
+    if value is None or isinstance(value, str):
+        return [value] if value and value.strip() else []
+    if not isinstance(value, list):
+        raise ValueError(f"{where} is {value!r}, not a message or a list of them")
+    texts = []
+    for item in value:
+        text = item.get("warning", item.get("warnings")) if isinstance(item, dict) else item
+        if text is not None and not isinstance(text, str):
+            raise ValueError(f"{where} has {item!r}, not a message")
+        texts += [text] if text and text.strip() else []
+    return texts
+
+
+def _dcgm_gpu_index(value: Any, where: str) -> int | None:
+    """A GPU id as DCGM prints it (a number or a string of digits); a negative one names no GPU."""
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        value = int(value)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ValueError(f"{where} is {value!r}, not a GPU id")
+    return value if value >= 0 else None
+
+
+def _dcgm_result(category: str, test: str, result: Any) -> dict[str, Any]:
+    """One result of a test: DCGM 4.x names its entity (only a GPU gives ``gpu``), 3.x its GPU id."""
+    where = f"test {test!r}"
+    if not isinstance(result, dict) or result.get("status") not in DCGMI_DIAG_RESULTS:
+        raise ValueError(f"{where} has a result {result!r} without a status of {', '.join(DCGMI_DIAG_RESULTS)}")
+    gpu = None
+    if result.get("entity_group") == "GPU":  # DCGM 4.x; another entity (a CPU) is no GPU
+        gpu = _dcgm_gpu_index(result.get("entity_id"), f"{where} entity_id")
+    elif "entity_group" not in result:  # DCGM 2.x-3.2 "gpu_ids", 3.3 "gpu_id"
+        key = next((name for name in ("gpu_id", "gpu_ids") if name in result), None)
+        gpu = _dcgm_gpu_index(result[key], f"{where} {key}") if key else None
+    return {
+        "category": category,
+        "test": test,
+        "result": result["status"],
+        "gpu": gpu,
+        "info": _dcgm_texts(result.get("info"), f"{where} info"),
+        "warnings": _dcgm_texts(result.get("warnings"), f"{where} warnings"),
+    }
+
+
+def _dcgm_test(category: str, test: Any) -> list[dict[str, Any]]:
+    """The results of one test. A DCGM 3.3.1 Deployment test lists its further messages as results
+    without a status: they join the first. A DCGM 4.x ``test_summary`` counts as a host-wide result
+    when no result says what it says (a failure no entity owns); a 4.x test with neither did not run."""
+    if not isinstance(test, dict) or not isinstance(test.get("name"), str):
+        raise ValueError(f"category {category!r} has a test {test!r} without a name")
+    results = test.get("results") or []
+    if not isinstance(results, list):
+        raise ValueError(f"test {test['name']!r} has results {results!r}, not a list")
+    entries: list[dict[str, Any]] = []
+    for result in (item for item in results if item is not None):
+        if isinstance(result, dict) and "status" not in result and entries:
+            entries[0]["warnings"] += _dcgm_texts(result.get("warnings"), f"test {test['name']!r} warnings")
+        else:
+            entries.append(_dcgm_result(category, test["name"], result))
+    if "test_summary" in test:
+        summary = _dcgm_result(category, test["name"], test["test_summary"])
+        if not entries or summary["result"] not in {entry["result"] for entry in entries} | {"Pass", "Skip"}:
+            entries.append({**summary, "gpu": None})
+    if not entries and "results" not in test:
+        entries.append({**_dcgm_result(category, test["name"], {"status": "Not Run"}), "gpu": None})
+    return entries
+
+
+def _dcgm_document(text: str) -> dict[str, Any]:
+    """The diagnostic's object of ``dcgmi diag -j`` output (text around the JSON is ignored)."""
+    start, end = text.find("{"), text.rfind("}")
+    try:
+        document = json.loads(text[start : end + 1]) if start >= 0 else None
+    except ValueError as exc:
+        raise ValueError(f"dcgmi diag -j output is not JSON: {exc}") from None
+    key = next((name for name in DCGMI_DIAG_KEYS if isinstance(document, dict) and name in document), None)
+    if key is None or not isinstance(document[key], dict):
+        raise ValueError(f"dcgmi diag -j output has no {' or '.join(repr(name) for name in DCGMI_DIAG_KEYS)} object")
+    return document[key]
+
+
+def parse_dcgmi_diag(text: str) -> list[dict[str, Any]]:
+    """Parse ``dcgmi diag -r <level> -j`` into one dict per result, in DCGM's order:
+    ``{"category", "test", "result", "gpu", "info", "warnings"}``.
+
+    ``category`` (``Deployment``, ``Integration``, ``Hardware``, ``Stress``) and ``test`` as DCGM
+    names them (DCGM 4.x its canonical names, ``software``, ``pcie``, ``memory``, ...; 2.x and 3.x
+    display names, ``GPU Memory``, ``PCIe``, ...); ``result`` one of :data:`DCGMI_DIAG_RESULTS` as
+    DCGM prints it; ``gpu`` the GPU's DCGM id (its NVML index) or None for a result of the host (a
+    Deployment test of 3.x, a 4.x test's summary, a CPU); ``info`` and ``warnings`` lists of DCGM's
+    messages (``warnings`` are the errors of a failed test). Release forms: the module docstring.
+
+    Raises:
+        DcgmiDiagRuntimeError: the output is DCGM's ``runtime_error`` (a ValueError).
+        ValueError: the text is not ``dcgmi diag -j`` output.
+    """
+    body = _dcgm_document(text)
+    categories = body.get("test_categories")
+    if categories is None and isinstance(body.get("runtime_error"), str):
+        raise DcgmiDiagRuntimeError(" ".join(body["runtime_error"].split()))
+    if not isinstance(categories, list):
+        raise ValueError("dcgmi diag -j output has no test_categories list")
+    entries = []
+    for category in (item for item in categories if item is not None):
+        tests = category.get("tests") if isinstance(category, dict) else None
+        if not isinstance(tests, list) or not isinstance(category.get("category"), str):
+            raise ValueError(f"test category {category!r} is not an object with a category name and tests")
+        for test in (item for item in tests if item is not None):
+            entries += _dcgm_test(category["category"], test)
+    return entries

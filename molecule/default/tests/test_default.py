@@ -194,6 +194,22 @@ def test_report_for_people_and_ci_dashboards():
     assert 'failures="0"' in junit and 'name="fit"' in junit
 
 
+def test_the_health_check_runs_and_the_verified_host_is_its_baseline(host):
+    assert host.file("/etc/systemd/system/gpu-health.timer").contains("OnUnitInactiveSec=5min")
+    baseline = json.loads(host.file("/var/lib/gpu-health/baseline.json").content_string)
+    assert (baseline["expected_gpus"], baseline["driver_version"]) == (2, "520.61.05")
+    assert set(baseline["stacks"]) == {"tf2.12"} and len(baseline["gpus"]) == 2
+    # The idempotence run judged the host against the converge run's baseline: healthy, in its report.
+    report = json.loads(latest_report(REPORTS, MOLECULE_INVENTORY).read_text())
+    assert next(iter(report["hosts"].values()))["health"]["status"] == "healthy"
+    done = host.run("gpu-health --format json")
+    assert done.rc == 0, done.stdout + done.stderr
+    assert json.loads(done.stdout)["findings"] == []
+    assert host.file("/var/lib/prometheus/node-exporter/gpu_fleet_verification.prom").contains(
+        "^gpu_fleet_verification_passed 1$"
+    )
+
+
 def test_more_gpus_expected_than_seen_fails_verification(tmp_path):
     """playbooks/verify.yml on its own, with the inventory expecting 3 GPUs on a 2-GPU host."""
     out = run_playbook(
