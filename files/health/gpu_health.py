@@ -14,7 +14,11 @@ One run reads, each command under ``--timeout`` seconds (killed, with its childr
 - ``systemctl is-active nvidia-fabricmanager``, only where the baseline expects the fabric manager;
 - each stack's venv (``lib/python3.*/site-packages/*.dist-info/METADATA``, read without running its
   Python) and its lock;
-- the baseline (``--baseline``) and the Xid catalog (``data/xid.yml``, ``--xid-catalog``).
+- the baseline (``--baseline``) and the Xid catalog (``data/xid.yml``, ``--xid-catalog``);
+- only with ``--dcgm-diag LEVEL`` (1-4; off by default): NVIDIA DCGM's active diagnostic, ``dcgmi diag
+  -r LEVEL -j`` (``--dcgmi``), under its own ``--dcgm-timeout`` (default 900 s: levels 3 and 4 take
+  many minutes); past it the process group gets SIGTERM, on which dcgmi stops the diagnostic, and
+  SIGKILL 30 s later. It runs last, and not when nvidia-smi could not list the GPUs.
 
 It judges them with one pure function per check, each returning findings ``{"check", "bus_id",
 "cause", "fix"}`` (bus_id None for the host): ``gpus`` (count, and each bus id of the baseline),
@@ -26,20 +30,29 @@ volatile or aggregate errors, pages pending retirement, rows pending remapping, 
 failure), ``xid`` (each Xid, grouped by GPU and number, with the catalog's meaning and action),
 ``clocks`` (hardware slowdown, thermal slowdown or power brake active), ``persistence`` (off),
 ``driver`` (user space against the loaded kernel module, and against the baseline's pinned
-version) and ``venv`` (each stack's venv against its lock, or the venv or lock gone). A field the
+version), ``venv`` (each stack's venv against its lock, or the venv or lock gone) and ``dcgm``
+(with ``--dcgm-diag``: each failed result of DCGM's diagnostic, naming the test, the GPU and DCGM's
+message; a diagnostic that hung past ``--dcgm-timeout`` or that DCGM could not complete). A field the
 GPU does not report (``[N/A]``) is never a finding. The current PCIe *generation* is not judged:
 the driver lowers it while the GPU idles (``nvidia-smi --help-query-gpu``,
-``pcie.link.gen.current``). The pci, fabric manager and venv checks are in gpu_health_checks.py
+``pcie.link.gen.current``). The pci, fabric manager, venv and dcgm checks are in gpu_health_checks.py
 beside this file.
 
 A check whose input cannot be read is *skipped*: neither a finding nor "could not check"; the report
 names it with why (``skipped``). That is the pci check when the PCI folder cannot be read or lacks
 a GPU that nvidia-smi lists (NVML lists only GPUs on the bus: a container sees another machine's
 ``/sys``), and the fabric_manager check when systemctl is missing, hangs or prints no unit state
-(no systemd). Checks that need nvidia-smi's GPU list (gpus, pci, pcie, nvlink, ecc, clocks,
-persistence) do not run when NVML reports a driver/library version mismatch. A check the baseline
-asks nothing of (fabric_manager without ``fabric_manager_expected``, venv without ``stacks``) does
-not run either.
+(no systemd), and the dcgm check when dcgmi is not installed (``dcgmi not installed (NVIDIA DCGM)``)
+or reaches no DCGM host engine (the note says how to start one). Checks that need nvidia-smi's GPU list (gpus, pci, pcie, nvlink, ecc, clocks,
+persistence, dcgm) do not run when NVML reports a driver/library version mismatch. A check the
+baseline asks nothing of (fabric_manager without ``fabric_manager_expected``, venv without
+``stacks``) does not run either, nor dcgm without ``--dcgm-diag``.
+
+The JSON report (``--format json``) has ``dcgm``: None when the diagnostic did not run, else
+``{"level": LEVEL, "tests": [{"category", "test", "result", "gpu", "info", "warnings"}, ...]}``, DCGM's
+results as gpu_parsers.parse_dcgmi_diag reads them (``result`` ``Pass``, ``Fail``, ``Warn``, ``Skip``
+or ``Not Run``; ``gpu`` DCGM's GPU id, nvidia-smi's index, or None; ``tests`` empty when the check was
+skipped or the diagnostic hung). ``Warn`` results are listed in the text report, not findings.
 
 Then it writes Prometheus metrics for node_exporter's textfile collector (``--textfile``, written to
 a temporary file in the same folder, then renamed over the old one, so the collector never reads
@@ -82,8 +95,8 @@ kernel log since a last check) finds anything against the baseline it would writ
 link, ECC errors pending, persistence off, a GPU off the PCI bus, the fabric manager down, a venv
 off its lock, another driver than ``--driver-version``), it writes nothing, prints the findings and
 exits 2. On success it prints the baseline (text, or JSON ``{"recorded", "path", "baseline",
-"findings", "skipped"}``) and exits 0. ``--state``, ``--textfile`` and ``--kernel-log`` are not used
-in this mode.
+"findings", "skipped"}``) and exits 0. ``--state``, ``--textfile``, ``--kernel-log`` and
+``--dcgm-diag`` are not used in this mode.
 
 State (``--state``): ``{"last_check_epoch": 1717171717.0, "last_check": "2024-05-31T16:08:37Z"}``.
 
@@ -95,8 +108,10 @@ the host), ``gpu_present``, ``gpu_on_pci_bus`` (1 on the bus, 0 gone; when the b
 ``pcie_link_generation[_max]``, ``pcie_link_width[_max]``, ``nvlink_active_links``, ``nvlink_expected_links``,
 ``ecc_uncorrected_volatile_errors_total``, ``ecc_uncorrected_aggregate_errors_total``,
 ``retired_pages_pending``, ``remapped_rows_pending``, ``remapped_rows_failure``,
-``clocks_event_active{reason}``, ``persistence_mode``, ``xid_events{xid}`` (since the last check) and
-``driver_info{user_space,kernel_module,baseline}``. Format: "Exposition formats", text format
+``clocks_event_active{reason}``, ``persistence_mode``, ``xid_events{xid}`` (since the last check),
+``driver_info{user_space,kernel_module,baseline}`` and, when DCGM's diagnostic ran,
+``dcgm_test_passed{test,gpu}`` (1 passed or warned, 0 failed; ``gpu`` DCGM's GPU id, empty for a
+test's overall result; none for a skipped test). Format: "Exposition formats", text format
 (https://prometheus.io/docs/instrumenting/exposition_formats/); names after "Metric and label
 naming" (https://prometheus.io/docs/practices/naming/).
 
@@ -110,7 +125,7 @@ for the Xids; NVIDIA "GPU Memory Error Management"
 (https://docs.nvidia.com/deploy/a100-gpu-mem-error-mgmt/, "Error Recovery and Response Flags") and
 "Dynamic Page Retirement" (https://docs.nvidia.com/deploy/dynamic-page-retirement/) for pending
 row remaps (a GPU reset applies them) and page retirements (a driver reload or reboot); the
-sources of the pci, fabric manager and venv checks are in gpu_health_checks.py. Standard library
+sources of the pci, fabric manager, venv and dcgm checks are in gpu_health_checks.py. Standard library
 only, Python 3.8+.
 
 On a host, these files sit in one folder: gpu_health.py, gpu_health_checks.py, gpu_parsers.py and
@@ -121,6 +136,7 @@ plugins/module_utils are found through this file's place in the collection.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -156,12 +172,17 @@ CHECKS = (
     "persistence",
     "driver",
     "venv",
+    "dcgm",
 )
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_BASELINE = "/var/lib/gpu-health/baseline.json"
 DEFAULT_STATE = "/var/lib/gpu-health/state.json"
 DEFAULT_PROC_VERSION = "/proc/driver/nvidia/version"
 DEFAULT_TIMEOUT = 20.0
+DEFAULT_DCGM_TIMEOUT = 900.0
+# dcgmi stops a running diagnostic when it gets SIGTERM and waits up to 25 s for it (dcgmi/Diag.cpp,
+# ExecuteDiagOnServer, in https://github.com/NVIDIA/DCGM): the grace before SIGKILL.
+DCGM_STOP_GRACE = 30.0
 XID_DOC_URL = "https://docs.nvidia.com/deploy/xid-errors/"
 BASELINE_SCHEMA = 1
 BASELINE_GPU_COUNTS = (
@@ -264,12 +285,33 @@ class CommandResult(NamedTuple):
     stderr: str
 
 
-def run_command(argv: Sequence[str], timeout: float) -> CommandResult:
+def stop_group(process: subprocess.Popen[str], grace: float) -> None:
+    """SIGTERM the process group and wait ``grace`` seconds (none when 0), then SIGKILL it and wait one
+    more second; a process stuck in the kernel outlives even SIGKILL, and is left."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 1.0)):
+        if not wait:
+            continue
+        try:
+            os.killpg(process.pid, sig)
+        except OSError:
+            pass
+        try:
+            process.communicate(timeout=wait)
+        except subprocess.TimeoutExpired:
+            continue
+        if sig == signal.SIGTERM:  # it has exited: whatever is left of its group goes too
+            with contextlib.suppress(OSError):
+                os.killpg(process.pid, signal.SIGKILL)
+        return
+
+
+def run_command(argv: Sequence[str], timeout: float, grace: float = 0.0) -> CommandResult:
     """Run ``argv``; kill it and its children when it runs longer than ``timeout`` seconds.
 
-    The command gets its own process group, so a wrapper script's children die with it. A process
-    stuck in the kernel (nvidia-smi on a GPU that fell off the bus) does not die even of SIGKILL,
-    so after one more second this gives up on it instead of waiting.
+    The command gets its own process group, so a wrapper script's children die with it. With
+    ``grace``, the group gets SIGTERM first and ``grace`` seconds to stop (dcgmi stops its diagnostic
+    then), else SIGKILL at once. A process stuck in the kernel (nvidia-smi on a GPU that fell off the
+    bus) does not die even of SIGKILL, so after one more second this gives up on it instead of waiting.
 
     Raises:
         OSError: the command could not be started (not found, not executable).
@@ -281,14 +323,7 @@ def run_command(argv: Sequence[str], timeout: float) -> CommandResult:
     try:
         stdout, stderr = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        try:
-            os.killpg(process.pid, signal.SIGKILL)
-        except OSError:
-            pass
-        try:
-            process.communicate(timeout=1)
-        except subprocess.TimeoutExpired:
-            pass
+        stop_group(process, grace)
         raise CommandTimeout(" ".join(argv)) from None
     return CommandResult(process.returncode, stdout, stderr)
 
@@ -809,7 +844,8 @@ def judge_driver(
 
 def judge_host(observed: dict[str, Any], baseline: dict[str, Any]) -> dict[str, list[Finding]]:
     """The checks of gpu_health_checks that the baseline asks for and the observations allow: pci
-    (with the GPUs nvidia-smi lists), fabric_manager (where expected) and venv (with stacks)."""
+    (with the GPUs nvidia-smi lists), fabric_manager (where expected), venv (with stacks) and dcgm
+    (with --dcgm-diag)."""
     results = {"venv": checks.judge_venv(observed.get("stacks") or {})} if baseline["stacks"] else {}
     if observed["gpus"] is not None and observed.get("pci") is not None and baseline["expected_gpus"] is not None:
         results["pci"] = checks.judge_pci(observed["gpus"], observed["pci"], baseline)
@@ -817,12 +853,18 @@ def judge_host(observed: dict[str, Any], baseline: dict[str, Any]) -> dict[str, 
     if checks.fabric_manager_expected(baseline) and fabric.get("state"):
         driver = observed["module_version"] or user_space_version(observed["gpus"], observed["mismatch"])
         results["fabric_manager"] = checks.judge_fabric_manager(fabric["state"], driver)
+    if observed.get("dcgm") and not observed["dcgm"]["note"]:  # run (--dcgm-diag) and not skipped
+        results["dcgm"] = checks.judge_dcgm(observed["dcgm"], observed["gpus"])
     return results
 
 
 def skipped_checks(observed: dict[str, Any]) -> dict[str, str]:
     """The checks whose input could not be read, and why: {check: note}."""
-    notes = {"pci": observed.get("pci_note"), "fabric_manager": (observed.get("fabric_manager") or {}).get("note")}
+    notes = {
+        "pci": observed.get("pci_note"),
+        "fabric_manager": (observed.get("fabric_manager") or {}).get("note"),
+        "dcgm": (observed.get("dcgm") or {}).get("note"),
+    }
     return {check: note for check, note in notes.items() if note}
 
 
@@ -885,7 +927,26 @@ def observe(args: argparse.Namespace, since_epoch: float | None, baseline: dict[
     """Everything the checks read from this host (see the module docstring)."""
     observed = observe_devices(args, checks.fabric_manager_expected(baseline), baseline["stacks"])
     observed["xid_events"] = read_kernel_log(args.kernel_log, since_epoch, args.timeout)
+    level = getattr(args, "dcgm_diag", None)
+    observed["dcgm"] = (
+        read_dcgm(args.dcgmi, level, args.dcgm_timeout) if level and observed["gpus"] is not None else None
+    )
     return observed
+
+
+def read_dcgm(dcgmi: str, level: int, timeout: float) -> dict[str, Any]:
+    """Run DCGM's diagnostic, ``dcgmi diag -r LEVEL -j``, and read its answer
+    (:func:`gpu_health_checks.dcgm_answer`); stopped past ``timeout``, SIGTERM first."""
+    argv = checks.dcgm_command(dcgmi, level)
+    try:
+        result = run_command(argv, timeout, grace=DCGM_STOP_GRACE)
+    except OSError as exc:
+        return checks.dcgm_unstarted(
+            level, " ".join(argv), isinstance(exc, FileNotFoundError), exc.strerror or str(exc)
+        )
+    except CommandTimeout:
+        return checks.dcgm_hung(level, " ".join(argv), timeout)
+    return checks.dcgm_answer(level, " ".join(argv), result.rc, result.stdout, result.stderr)
 
 
 def _unlisted_rows(listed: set[str], on_bus: set[str] | None, baseline: dict[str, Any]) -> list[dict[str, Any]]:
@@ -948,6 +1009,7 @@ def build_report(
             "baseline": baseline["driver_version"],
         },
         "xid_events": observed["xid_events"],
+        "dcgm": checks.dcgm_report(observed.get("dcgm")),
     }
 
 
@@ -976,6 +1038,7 @@ def failed_report(now: float, error: CouldNotCheck) -> dict[str, Any]:
         "gpus": [],
         "driver": {},
         "xid_events": [],
+        "dcgm": None,
     }
 
 
@@ -1132,6 +1195,8 @@ def _gpu_families(report: dict[str, Any]) -> list[Family]:
     families.append(
         ("gpu_fleet_health_xid_events", "gauge", "Xid events in the kernel log since the previous check.", samples)
     )
+    help_text = "1 when the DCGM diagnostic's test passed on the GPU, 0 when it failed (gpu empty: the test overall)."
+    families.append(("gpu_fleet_health_dcgm_test_passed", "gauge", help_text, checks.dcgm_samples(report.get("dcgm"))))
     return families
 
 
@@ -1170,7 +1235,8 @@ def render_text(report: dict[str, Any]) -> str:
         f"gpu_health: {verdict}: {listed}, driver {driver}, "
         f"{len(report['xid_events'])} Xid event(s) since the last check; checked {report['checked_at']}"
     ]
-    return "\n".join(lines + outcome_lines(report["findings"], report.get("skipped") or {})) + "\n"
+    lines += outcome_lines(report["findings"], report.get("skipped") or {}) + checks.dcgm_lines(report.get("dcgm"))
+    return "\n".join(lines) + "\n"
 
 
 def outcome_lines(findings: list[Finding], skipped: dict[str, str]) -> list[str]:
@@ -1203,6 +1269,13 @@ DESCRIPTION
   node_exporter's textfile collector and records the time of the check for the next run. A
   check whose input cannot be read (the PCI folder, systemd) is skipped, and the report says why.
 
+  --dcgm-diag LEVEL also runs NVIDIA DCGM's active diagnostic, `dcgmi diag -r LEVEL -j`, and
+  reports each test's result per GPU: a failed test is a finding (test, GPU, DCGM's message), a
+  warning is listed, a diagnostic still running after --dcgm-timeout is stopped and is a finding.
+  Without dcgmi, or without a DCGM host engine (nv-hostengine), the check is skipped. Level 1 takes
+  seconds, 2 about two minutes, 3 about 15 minutes, 4 longer, and they load the GPUs: run levels
+  3-4 on a drained host.
+
   --record-baseline writes the baseline instead (atomically, to --baseline) from what the host
   shows now: each GPU's bus id, PCIe link and active NVLinks, with --expected-gpus, the pinned
   --driver-version, --fabric-manager-expected and each --stack. A baseline is only recorded from
@@ -1229,7 +1302,10 @@ FILES
 
 SEE ALSO
   nvidia-smi(1), journalctl(1), dmesg(1), systemctl(1); NVIDIA "XID Errors", {XID_DOC_URL};
-  NVIDIA Fabric Manager User Guide, https://docs.nvidia.com/datacenter/tesla/fabric-manager-user-guide/
+  NVIDIA Fabric Manager User Guide, https://docs.nvidia.com/datacenter/tesla/fabric-manager-user-guide/;
+  NVIDIA DCGM, "dcgmi diag",
+  https://docs.nvidia.com/datacenter/dcgm/latest/reference/command-line-reference/dcgmi/dcgmi-diag.html,
+  and DCGM User Guide, Diagnostics, https://docs.nvidia.com/datacenter/dcgm/latest/user-guide/dcgm-diagnostics.html
 """
 
 
@@ -1257,6 +1333,23 @@ def driver_version(text: str) -> str:
     if not re.match(r"^\d+(?:\.\d+)+$", text):
         raise argparse.ArgumentTypeError(f"{text!r} is not a driver version such as 550.54.15")
     return text
+
+
+def dcgm_level(text: str) -> int:
+    """A DCGM diagnostic level: 1 quick, 2 medium, 3 long, 4 extended (``dcgmi diag --help``)."""
+    if text not in ("1", "2", "3", "4"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a DCGM diagnostic level, 1 to 4")
+    return int(text)
+
+
+def dcgm_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 < value <= 86400:
+        raise argparse.ArgumentTypeError(f"{text!r} is not between 0 and 86400 seconds (a day)")
+    return value
 
 
 def stack_option(text: str) -> tuple[str, dict[str, str]]:
@@ -1299,6 +1392,23 @@ def _add_record_options(add: Any) -> None:
         action="append",
         help="with --record-baseline, repeatable: a TensorFlow stack's venv and lock (default: VENV/tf-lock.txt)",
     )
+
+
+def _add_dcgm_options(add: Any) -> None:
+    add(
+        "--dcgm-diag",
+        metavar="LEVEL",
+        type=dcgm_level,
+        help="also run NVIDIA DCGM's diagnostic at LEVEL, 1-4: `dcgmi diag -r LEVEL -j` (default: not run)",
+    )
+    add(
+        "--dcgm-timeout",
+        metavar="SECONDS",
+        type=dcgm_seconds,
+        default=DEFAULT_DCGM_TIMEOUT,
+        help="limit for the DCGM diagnostic; levels 3-4 take many minutes (default: %(default)g)",
+    )
+    add("--dcgmi", metavar="PATH", default="dcgmi", help="the dcgmi to run (default: %(default)s)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -1354,6 +1464,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="the PCI bus in the sysfs layout, <DIR>/<bus id>/{vendor,device,class} (default: %(default)s)",
     )
     add("--systemctl", metavar="PATH", default="systemctl", help="the systemctl to ask (default: %(default)s)")
+    _add_dcgm_options(add)
     _add_record_options(add)
     return parser
 

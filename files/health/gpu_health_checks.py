@@ -28,6 +28,17 @@ form of gpu_health.py, ``{"check", "bus_id", "cause", "fix"}`` (bus_id None for 
   https://packaging.python.org/en/latest/specifications/core-metadata/) are compared with the lock
   by gpu_lock.lock_drift. Legacy ``*.egg-info`` installs are not read (pip installs a lock's wheels
   as ``.dist-info``).
+- ``dcgm`` (only with ``--dcgm-diag LEVEL``): NVIDIA DCGM's active diagnostic, ``dcgmi diag -r LEVEL
+  -j``, run by gpu_health.py and read here (gpu_parsers.parse_dcgmi_diag, whose docstring names the
+  JSON's sources). A finding per failed test result, naming its GPU and DCGM's message, whose last
+  sentence is DCGM's own next step; ``Warn`` results are listed, not findings. The fix follows the
+  DCGM User Guide, "DCGM Diagnostics"
+  (https://docs.nvidia.com/datacenter/dcgm/latest/user-guide/dcgm-diagnostics.html): level 1 is a
+  readiness check, level 2 the check after a failure, levels 3 and 4 the post-mortem an
+  administrator runs on a drained host. dcgmi not installed, or no host engine to run the
+  diagnostic (what ``dcgmi/Command.cpp`` and ``dcgmi/Diag.cpp`` of https://github.com/NVIDIA/DCGM
+  print then; ``nvidia-dcgm.service`` runs ``nv-hostengine``, DCGM's "Install DCGM" guide), skips the
+  check; a diagnostic past ``--dcgm-timeout`` or one DCGM could not complete is a finding.
 
 Standard library only, Python 3.8+.
 """
@@ -67,6 +78,37 @@ FIX_PCI_UNLISTED = (
     "it does not list), and reseat or RMA a GPU that drops off again."
 )
 FIX_VENV = "Rerun site.yml (tf_venv) to restore the lock, or update the lock (`make locks`) and verify (verify.yml)."
+
+DCGMI_MISSING = "dcgmi not installed (NVIDIA DCGM)"
+# What dcgmi prints when no host engine answers (https://github.com/NVIDIA/DCGM): dcgmi/Command.cpp,
+# Connect and DoExecuteConnectionFailure; `dcgmi diag` without --host then starts an embedded host
+# engine and, when that fails too, prints dcgmi/Diag.cpp's StartDiag::DoExecuteConnectionFailure line.
+DCGM_NO_HOSTENGINE = (
+    "unable to connect to host engine",
+    "unable to establish a connection to the specified host",
+    "unable to start an embedded host engine",
+)
+DCGM_PASSED = {"Pass": 1, "Warn": 1, "Fail": 0}  # DCGM: WARN "passed with warnings"; Skip/Not Run did not run
+FIX_DCGM_HOSTENGINE = (
+    "start DCGM's host engine, `systemctl enable --now nvidia-dcgm` (the service that runs nv-hostengine), "
+    "check that `dcgmi discovery -l` lists the GPUs, and read `journalctl -u nvidia-dcgm` if it stops"
+)
+FIX_DCGM_RUNTIME = (
+    "Read DCGM's message: drain the host so that no job and no other diagnostic uses the GPUs, rerun "
+    "`dcgmi diag -r {level}` by hand, and if it still cannot complete restart DCGM (`systemctl restart "
+    "nvidia-dcgm`) and read `journalctl -u nvidia-dcgm` (DCGM User Guide, Diagnostics)."
+)
+FIX_DCGM_HUNG = (
+    "A diagnostic that hangs usually means a GPU in a bad state: drain the host, look for Xid errors in "
+    "`journalctl -k` and at `nvidia-smi`, reset the GPUs or reboot, then rerun `dcgmi diag -r {level}` by hand; "
+    "if level {level} legitimately takes longer on this host (DCGM: level 3 about 15 minutes, level 4 longer), "
+    "raise --dcgm-timeout."
+)
+FIX_DCGM_FAILED = (
+    "Drain the host and read DCGM's message (it ends with DCGM's next step); then rerun the diagnostic on the "
+    "idle host at {higher} (levels 3 and 4 are DCGM's post-mortem tests), and RMA the GPU if the test keeps "
+    "failing (DCGM User Guide, Diagnostics)."
+)
 
 
 def finding(check: str, bus_id: str | None, cause: str, fix: str) -> dict[str, Any]:
@@ -278,3 +320,107 @@ def judge_venv(stacks: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
             cause = f"The venv {seen['venv']} of stack {name} differs from its lock {seen['lock']} ({drift_summary(drift)})."
             findings.append(finding("venv", None, cause, FIX_VENV))
     return findings
+
+
+def dcgm_command(dcgmi: str, level: int) -> list[str]:
+    """The diagnostic's command line: level ``level`` with JSON output."""
+    return [dcgmi, "diag", "-r", str(level), "-j"]
+
+
+def dcgm_seen(level: int, tests: list[dict[str, Any]], note: str | None = None, error: Any = None) -> dict[str, Any]:
+    """What the dcgm check saw: ``{"level", "tests", "note", "error"}``; a note skips the check, an
+    error (``{"cause", "fix"}``) is its finding."""
+    return {"level": level, "tests": tests, "note": note, "error": error}
+
+
+def dcgm_unstarted(level: int, command: str, missing: bool, why: str) -> dict[str, Any]:
+    """dcgmi could not be started: not installed (``missing``), or not runnable for ``why``."""
+    return dcgm_seen(level, [], DCGMI_MISSING if missing else f"`{command}` could not be run ({why})")
+
+
+def dcgm_hung(level: int, command: str, timeout: float) -> dict[str, Any]:
+    """The diagnostic ran past its time and was stopped: a finding."""
+    cause = f"`{command}` did not finish within {timeout:g} s and was stopped: the DCGM diagnostic hung."
+    return dcgm_seen(level, [], error={"cause": cause, "fix": FIX_DCGM_HUNG.format(level=level)})
+
+
+def dcgm_answer(level: int, command: str, rc: int, stdout: str, stderr: str) -> dict[str, Any]:
+    """Read what ``dcgmi diag -r LEVEL -j`` answered: its results, DCGM's runtime error (a finding), no
+    host engine (skipped, with the fix) or an answer in no known form (skipped)."""
+    said = " ".join((stdout + " " + stderr).split())
+    try:
+        return dcgm_seen(level, gpu_parsers.parse_dcgmi_diag(stdout))
+    except gpu_parsers.DcgmiDiagRuntimeError as exc:
+        cause = f"DCGM could not complete the diagnostic (`{command}`): {exc}"
+        return dcgm_seen(level, [], error={"cause": cause, "fix": FIX_DCGM_RUNTIME.format(level=level)})
+    except ValueError as exc:
+        if any(words in said.lower() for words in DCGM_NO_HOSTENGINE):
+            return dcgm_seen(
+                level, [], f"`{command}` could not reach DCGM's host engine ({said[:200]}); fix: {FIX_DCGM_HOSTENGINE}"
+            )
+        return dcgm_seen(
+            level,
+            [],
+            f"`{command}` exited with status {rc} without results ({exc}; it said: {said[:200] or 'nothing'})",
+        )
+
+
+def _dcgm_where(entry: dict[str, Any], bus_ids: dict[int, str]) -> tuple[str | None, str]:
+    """The bus id of a result's GPU (nvidia-smi's index is DCGM's GPU id) and words for it."""
+    if entry["gpu"] is None:
+        return None, "the host (no GPU named)"
+    bus_id = bus_ids.get(entry["gpu"])
+    return bus_id, f"GPU {entry['gpu']}" + (f" ({bus_id})" if bus_id else "")
+
+
+def judge_dcgm(seen: dict[str, Any], gpus: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    """A finding per failed result (a test's summary only when no GPU's result of it failed), or the
+    diagnostic's hang or runtime error."""
+    if seen["error"]:
+        return [finding("dcgm", None, seen["error"]["cause"], seen["error"]["fix"])]
+    level, bus_ids = seen["level"], {gpu["index"]: gpu["pci_bus_id"] for gpu in gpus or []}
+    higher = f"level {level}, `dcgmi diag -r 4`" if level >= 3 else "level 3, `dcgmi diag -r 3`"
+    failed = [entry for entry in seen["tests"] if entry["result"] == "Fail"]
+    owned = {(entry["category"], entry["test"]) for entry in failed if entry["gpu"] is not None}
+    findings = []
+    for entry in failed:
+        if entry["gpu"] is None and (entry["category"], entry["test"]) in owned:
+            continue
+        bus_id, where = _dcgm_where(entry, bus_ids)
+        said = "; ".join(entry["warnings"]) or "DCGM gave no message"
+        cause = f"DCGM diagnostic (level {level}) {entry['category']}/{entry['test']} failed on {where}: {said}"
+        findings.append(finding("dcgm", bus_id, cause, FIX_DCGM_FAILED.format(higher=higher)))
+    return findings
+
+
+def dcgm_report(seen: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The report's ``dcgm``: ``{"level", "tests"}`` (parse_dcgmi_diag's results), None when not run."""
+    return None if seen is None else {"level": seen["level"], "tests": seen["tests"]}
+
+
+def dcgm_samples(dcgm: dict[str, Any] | None) -> list[tuple[dict[str, str], int]]:
+    """``gpu_fleet_health_dcgm_test_passed{test,gpu}``: 1 passed (Warn too), 0 failed; ``gpu=""`` a
+    result of no GPU (a test's summary); Skip and Not Run give none; one series per test and GPU
+    (a failure wins)."""
+    passed: dict[tuple[str, str], int] = {}
+    for entry in (dcgm or {}).get("tests") or []:
+        if entry["result"] in DCGM_PASSED:
+            key = (entry["test"], "" if entry["gpu"] is None else str(entry["gpu"]))
+            passed[key] = min(passed.get(key, 1), DCGM_PASSED[entry["result"]])
+    return [({"test": test, "gpu": gpu}, value) for (test, gpu), value in passed.items()]
+
+
+def dcgm_lines(dcgm: dict[str, Any] | None) -> list[str]:
+    """The diagnostic in the report for people: a count of each result, then each warning."""
+    if not dcgm or not dcgm["tests"]:
+        return []
+    counts: dict[str, int] = {}
+    for entry in dcgm["tests"]:
+        counts[entry["result"]] = counts.get(entry["result"], 0) + 1
+    said = ", ".join(f"{count} {result}" for result, count in counts.items())
+    lines = [f"  [dcgm] dcgmi diag level {dcgm['level']}: {len(dcgm['tests'])} result(s): {said}"]
+    for entry in (item for item in dcgm["tests"] if item["result"] == "Warn"):
+        where = "host" if entry["gpu"] is None else f"GPU {entry['gpu']}"
+        message = "; ".join(entry["warnings"] + entry["info"]) or "no message"
+        lines.append(f"  [dcgm] {where}: Warn in {entry['category']}/{entry['test']} (not a finding): {message}")
+    return lines

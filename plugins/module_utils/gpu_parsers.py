@@ -773,8 +773,8 @@ def _dcgm_result(category: str, test: str, result: Any) -> dict[str, Any]:
 
 def _dcgm_test(category: str, test: Any) -> list[dict[str, Any]]:
     """The results of one test. A DCGM 3.3.1 Deployment test lists its further messages as results
-    without a status: they join the first. A DCGM 4.x ``test_summary`` counts as a host-wide result
-    when no result says what it says (a failure no entity owns); a 4.x test with neither did not run."""
+    without a status: they join the first. A DCGM 4.x ``test_summary`` (the test's overall result,
+    with every message) comes last, as a result of no GPU; a 4.x test with neither did not run."""
     if not isinstance(test, dict) or not isinstance(test.get("name"), str):
         raise ValueError(f"category {category!r} has a test {test!r} without a name")
     results = test.get("results") or []
@@ -787,11 +787,9 @@ def _dcgm_test(category: str, test: Any) -> list[dict[str, Any]]:
         else:
             entries.append(_dcgm_result(category, test["name"], result))
     if "test_summary" in test:
-        summary = _dcgm_result(category, test["name"], test["test_summary"])
-        if not entries or summary["result"] not in {entry["result"] for entry in entries} | {"Pass", "Skip"}:
-            entries.append({**summary, "gpu": None})
-    if not entries and "results" not in test:
-        entries.append({**_dcgm_result(category, test["name"], {"status": "Not Run"}), "gpu": None})
+        entries.append({**_dcgm_result(category, test["name"], test["test_summary"]), "gpu": None})
+    elif not entries and "results" not in test:
+        entries.append(_dcgm_result(category, test["name"], {"status": "Not Run"}))
     return entries
 
 
@@ -815,9 +813,11 @@ def parse_dcgmi_diag(text: str) -> list[dict[str, Any]]:
     ``category`` (``Deployment``, ``Integration``, ``Hardware``, ``Stress``) and ``test`` as DCGM
     names them (DCGM 4.x its canonical names, ``software``, ``pcie``, ``memory``, ...; 2.x and 3.x
     display names, ``GPU Memory``, ``PCIe``, ...); ``result`` one of :data:`DCGMI_DIAG_RESULTS` as
-    DCGM prints it; ``gpu`` the GPU's DCGM id (its NVML index) or None for a result of the host (a
-    Deployment test of 3.x, a 4.x test's summary, a CPU); ``info`` and ``warnings`` lists of DCGM's
-    messages (``warnings`` are the errors of a failed test). Release forms: the module docstring.
+    DCGM prints it; ``gpu`` the GPU's DCGM id (its NVML index) or None for a result of no GPU (a
+    Deployment test of 3.x, a CPU, and the ``test_summary`` that DCGM 4.x adds after each test's
+    results: the test's overall result with all its messages); ``info`` and ``warnings`` lists of
+    DCGM's messages (``warnings`` are the errors of a failed test). Release forms: the module
+    docstring.
 
     Raises:
         DcgmiDiagRuntimeError: the output is DCGM's ``runtime_error`` (a ValueError).

@@ -60,7 +60,8 @@ def observed(**changes: Any) -> dict[str, Any]:
 
 def test_a_healthy_host_has_no_finding() -> None:
     results = gpu_health.judge(observed(), baseline(), CATALOG)
-    asked = [check for check in gpu_health.CHECKS if check != "venv"]  # the baseline names no stacks
+    # the baseline names no stacks, and DCGM's diagnostic runs only with --dcgm-diag
+    asked = [check for check in gpu_health.CHECKS if check not in ("venv", "dcgm")]
     assert list(results) == asked
     assert results == {check: [] for check in asked}
 
@@ -79,6 +80,7 @@ def test_a_healthy_host_has_no_finding() -> None:
         lambda: gpu_health.judge_persistence(healthy_gpus()),
         lambda: gpu_health.judge_driver(healthy_gpus(), MODULE, baseline(), None),
         lambda: gpu_health.checks.judge_venv({}),
+        lambda: gpu_health.checks.judge_dcgm(gpu_health.checks.dcgm_seen(1, []), healthy_gpus()),
     ],
     ids=[check for check in gpu_health.CHECKS if check != "nvidia_smi"],  # nvidia_smi: its answer is the finding
 )

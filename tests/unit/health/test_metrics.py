@@ -50,7 +50,8 @@ def test_healthy_metrics(metrics_problems: Callable[[str], list[str]]) -> None:
         "gpu_fleet_health_last_run_timestamp_seconds 1717171717.25"
     ]
     assert samples(text, "gpu_fleet_health_finding") == []
-    assert len(samples(text, "gpu_fleet_health_check_ok")) == len(gpu_health.CHECKS) - 1  # no stacks: no venv check
+    # no stacks: no venv check; no --dcgm-diag: no dcgm check
+    assert len(samples(text, "gpu_fleet_health_check_ok")) == len(gpu_health.CHECKS) - 2
     assert all(line.endswith(" 1") for line in samples(text, "gpu_fleet_health_check_ok"))
     assert 'gpu_fleet_health_pcie_link_width{bus_id="0000:18:00.0"} 16' in text
     assert 'gpu_fleet_health_nvlink_active_links{bus_id="0000:db:00.0"} 18' in text

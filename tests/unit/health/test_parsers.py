@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
+from typing import Any
 
 import gpu_parsers
 import pytest
 from gpu_parsers import (
     HEALTH_FIELDS,
     HEALTH_FIELDS_THROTTLE_NAMES,
+    DcgmiDiagRuntimeError,
+    parse_dcgmi_diag,
     parse_health_query,
     parse_nvlink_status,
     parse_xid_events,
@@ -253,3 +257,169 @@ def test_xid_bus_ids_match_nvidia_smi_bus_ids(read_fixture: Callable[[str], str]
     seen = {gpu["pci_bus_id"] for gpu in parse_health_query(read_fixture("query-h100x8-healthy.csv"))}
     assert {event["bus_id"] for event in parse_xid_events(read_fixture("kernel-dmesg.txt"))} <= seen
     assert gpu_parsers.normalize_bus_id("00000000:DB:00.0") == "0000:db:00.0"
+
+
+# --- dcgmi diag -r <level> -j (gpu_parsers.parse_dcgmi_diag) -----------------------------------------
+
+
+def results_of(entries: list[dict[str, Any]], result: str) -> list[tuple[str, int | None]]:
+    return [(entry["test"], entry["gpu"]) for entry in entries if entry["result"] == result]
+
+
+def test_parse_dcgmi_diag_dcgm4_passing_level_2(read_fixture: Callable[[str], str]) -> None:
+    entries = parse_dcgmi_diag(read_fixture("dcgmi-diag-r2-dcgm4-h100x8-pass.json"))
+    assert [(entry["category"], entry["test"]) for entry in entries[::9]] == [
+        ("Deployment", "software"),
+        ("Integration", "pcie"),
+        ("Hardware", "memory"),
+    ]
+    assert [entry["gpu"] for entry in entries[:9]] == [*range(8), None]  # 8 GPUs, then the test's summary
+    assert {entry["result"] for entry in entries} == {"Pass"}
+    assert all(entry["info"] == [] and entry["warnings"] == [] for entry in entries)
+    assert set(entries[0]) == {"category", "test", "result", "gpu", "info", "warnings"}
+
+
+def test_parse_dcgmi_diag_dcgm4_failures_name_gpu_and_message(read_fixture: Callable[[str], str]) -> None:
+    entries = parse_dcgmi_diag(read_fixture("dcgmi-diag-r2-dcgm4-h100x8-faults.json"))
+    assert results_of(entries, "Fail") == [("pcie", 2), ("pcie", None), ("memory", 3), ("memory", None)]
+    assert results_of(entries, "Skip") == [("memory", 5)]
+    pcie = next(entry for entry in entries if entry["test"] == "pcie" and entry["gpu"] == 2)
+    assert pcie["warnings"] == [
+        "Detected more than 8 PCIe replays per minute for GPU 2 : 12 Reconnect PCIe card. Run system side PCIE "
+        "diagnostic utilities to verify hops off the GPU board. If issue is on the board, run the field diagnostic."
+    ]
+    summary = entries[-1]
+    assert summary["test"] == "memory" and summary["gpu"] is None
+    assert summary["info"][1].startswith("Only 1024 mb of memory is free")
+
+
+def test_parse_dcgmi_diag_dcgm3_3_deployment_and_per_gpu_forms(read_fixture: Callable[[str], str]) -> None:
+    entries = parse_dcgmi_diag(read_fixture("dcgmi-diag-r3-dcgm3.3-a100x2.json"))
+    assert [entry["test"] for entry in entries[:9]][4] == "Persistence Mode"
+    assert results_of(entries, "Fail") == [("Persistence Mode", 1), ("Diagnostic", 1)]
+    persistence, diagnostic = (entry for entry in entries if entry["result"] == "Fail")
+    assert persistence["category"] == "Deployment" and persistence["warnings"][0].startswith(
+        "Persistence mode for GPU 1 is disabled."
+    )
+    assert diagnostic["warnings"] == ["Found 4 faulty memory elements on GPU 1 Run a field diagnostic on the GPU."]
+    skipped = next(entry for entry in entries if entry["result"] == "Skip")
+    assert (skipped["test"], skipped["gpu"]) == ("GPU Memory", 0) and len(skipped["info"]) == 1
+    assert entries[0] == {
+        "category": "Deployment",
+        "test": "Denylist",
+        "result": "Pass",
+        "gpu": None,
+        "info": [],
+        "warnings": [],
+    }
+
+
+def test_parse_dcgmi_diag_dcgm3_2_string_messages(read_fixture: Callable[[str], str]) -> None:
+    entries = parse_dcgmi_diag(read_fixture("dcgmi-diag-r2-dcgm3.2-a100x2.json"))
+    failed = [entry for entry in entries if entry["result"] == "Fail"]
+    assert [(entry["test"], entry["gpu"]) for entry in failed] == [("GPU Memory", 0)]
+    assert failed[0]["warnings"][0].startswith("A memory mismatch was detected on GPU 0")
+    assert len(entries) == 13  # 9 Deployment tests, PCIe and GPU Memory on 2 GPUs
+
+
+def test_parse_dcgmi_diag_runtime_error(read_fixture: Callable[[str], str]) -> None:
+    with pytest.raises(DcgmiDiagRuntimeError, match=r"Return: \(-39\) : A diag instance is already running"):
+        parse_dcgmi_diag(read_fixture("dcgmi-diag-dcgm4-runtime-error.json"))
+    assert issubclass(DcgmiDiagRuntimeError, ValueError)
+
+
+def test_parse_dcgmi_diag_quirks_of_older_releases() -> None:
+    # DCGM 3.3.1 lists a Deployment test's further messages as results without a status; JSON nulls
+    # (jsoncpp fills gaps in an array) are skipped; a 4.x test with only its name did not run; Warn is
+    # a word dcgmi knows; a CPU entity is no GPU.
+    document = {
+        "DCGM GPU Diagnostic": {
+            "test_categories": [
+                {
+                    "category": "Deployment",
+                    "tests": [
+                        {
+                            "name": "Inforom",
+                            "results": [
+                                {"status": "Fail", "warnings": "first", "error_id": 1},
+                                {"warnings": "second", "error_id": 2},
+                            ],
+                        },
+                        None,
+                    ],
+                },
+                {
+                    "category": "Hardware",
+                    "tests": [{"name": "Diagnostic", "results": [None, {"gpu_id": "1", "status": "Warn"}]}],
+                },
+            ]
+        }
+    }
+    entries = parse_dcgmi_diag(json.dumps(document))
+    assert [(entry["test"], entry["result"], entry["gpu"], entry["warnings"]) for entry in entries] == [
+        ("Inforom", "Fail", None, ["first", "second"]),
+        ("Diagnostic", "Warn", 1, []),
+    ]
+    dcgm4 = {
+        "DCGM Diagnostic": {
+            "test_categories": [
+                {
+                    "category": "Hardware",
+                    "tests": [
+                        {"name": "eud"},
+                        {
+                            "name": "cpu_eud",
+                            "results": [
+                                {
+                                    "entity_group": "CPU",
+                                    "entity_group_id": 7,
+                                    "entity_id": 0,
+                                    "status": "Pass",
+                                    "info": ["ok"],
+                                }
+                            ],
+                        },
+                    ],
+                }
+            ]
+        }
+    }
+    assert [
+        (entry["test"], entry["result"], entry["gpu"], entry["info"]) for entry in parse_dcgmi_diag(json.dumps(dcgm4))
+    ] == [
+        ("eud", "Not Run", None, []),
+        ("cpu_eud", "Pass", None, ["ok"]),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("", "no 'DCGM Diagnostic'"),
+        ("Error: Unable to connect to host engine. Host engine connection invalid/disconnected.", "no 'DCGM"),
+        ("{not json}", "not JSON"),
+        ('{"iterations": [], "Overall Result": "Pass"}', "no 'DCGM Diagnostic'"),
+        ('{"DCGM Diagnostic": {"version": "4.2.3"}}', "no test_categories"),
+        ('{"DCGM Diagnostic": {"test_categories": [{"category": "Stress"}]}}', "category name and tests"),
+        (
+            '{"DCGM Diagnostic": {"test_categories": [{"category": "Stress", "tests": [{"results": []}]}]}}',
+            "without a name",
+        ),
+        (
+            '{"DCGM Diagnostic": {"test_categories": [{"category": "Stress", "tests": [{"name": "x", "results": [{"status": "Passed"}]}]}]}}',
+            "without a status",
+        ),
+        (
+            '{"DCGM GPU Diagnostic": {"test_categories": [{"category": "Stress", "tests": [{"name": "x", "results": [{"status": "Pass", "gpu_id": "GPU0"}]}]}]}}',
+            "not a GPU id",
+        ),
+        (
+            '{"DCGM GPU Diagnostic": {"test_categories": [{"category": "Stress", "tests": [{"name": "x", "results": [{"status": "Fail", "warnings": 7}]}]}]}}',
+            "not a message",
+        ),
+    ],
+)
+def test_parse_dcgmi_diag_rejects_other_text(text: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message) as caught:
+        parse_dcgmi_diag(text)
+    assert not isinstance(caught.value, DcgmiDiagRuntimeError)

@@ -94,7 +94,8 @@ def test_the_recorded_baseline_passes_its_own_check(
     done = subprocess.run(argv, capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     report = json.loads(done.stdout)
-    assert report["findings"] == [] and report["skipped"] == {} and set(report["checks"]) == set(gpu_health.CHECKS)
+    assert report["findings"] == [] and report["skipped"] == {} and report["dcgm"] is None
+    assert set(report["checks"]) == set(gpu_health.CHECKS) - {"dcgm"}  # DCGM's diagnostic: only with --dcgm-diag
 
 
 def test_json_output_and_a_skipped_check(tmp_path: Path, record: Any) -> None:
