@@ -32,21 +32,22 @@ failure), ``xid`` (each Xid, grouped by GPU and number, with the catalog's meani
 ``driver`` (user space against the loaded kernel module, and against the baseline's pinned
 version), ``venv`` (each stack's venv against its lock, or the venv or lock gone) and ``dcgm``
 (with ``--dcgm-diag``: each failed result of DCGM's diagnostic, naming the test, the GPU and DCGM's
-message; a diagnostic that hung past ``--dcgm-timeout`` or that DCGM could not complete). A field the
-GPU does not report (``[N/A]``) is never a finding. The current PCIe *generation* is not judged:
-the driver lowers it while the GPU idles (``nvidia-smi --help-query-gpu``,
-``pcie.link.gen.current``). The pci, fabric manager, venv and dcgm checks are in gpu_health_checks.py
-beside this file.
+message; a diagnostic that hung past ``--dcgm-timeout`` or that DCGM could not complete). A field
+the GPU does not report (``[N/A]``) is never a finding. The current PCIe *generation* is not
+judged: the driver lowers it while the GPU idles (``nvidia-smi --help-query-gpu``,
+``pcie.link.gen.current``). The pci, fabric manager, venv and dcgm checks are in
+gpu_health_checks.py beside this file.
 
 A check whose input cannot be read is *skipped*: neither a finding nor "could not check"; the report
 names it with why (``skipped``). That is the pci check when the PCI folder cannot be read or lacks
 a GPU that nvidia-smi lists (NVML lists only GPUs on the bus: a container sees another machine's
 ``/sys``), and the fabric_manager check when systemctl is missing, hangs or prints no unit state
-(no systemd), and the dcgm check when dcgmi is not installed (``dcgmi not installed (NVIDIA DCGM)``)
-or reaches no DCGM host engine (the note says how to start one). Checks that need nvidia-smi's GPU list (gpus, pci, pcie, nvlink, ecc, clocks,
-persistence, dcgm) do not run when NVML reports a driver/library version mismatch. A check the
-baseline asks nothing of (fabric_manager without ``fabric_manager_expected``, venv without
-``stacks``) does not run either, nor dcgm without ``--dcgm-diag``.
+(no systemd), and the dcgm check when dcgmi is not installed (``dcgmi not installed (NVIDIA
+DCGM)``) or reaches no DCGM host engine (the note says how to start one). Checks that need
+nvidia-smi's GPU list (gpus, pci, pcie, nvlink, ecc, clocks, persistence, dcgm) do not run when NVML
+reports a driver/library version mismatch. A check the baseline asks nothing of (fabric_manager
+without ``fabric_manager_expected``, venv without ``stacks``) does not run either, nor dcgm without
+``--dcgm-diag``.
 
 The JSON report (``--format json``) has ``dcgm``: None when the diagnostic did not run, else
 ``{"level": LEVEL, "tests": [{"category", "test", "result", "gpu", "info", "warnings"}, ...]}``, DCGM's
@@ -125,8 +126,8 @@ for the Xids; NVIDIA "GPU Memory Error Management"
 (https://docs.nvidia.com/deploy/a100-gpu-mem-error-mgmt/, "Error Recovery and Response Flags") and
 "Dynamic Page Retirement" (https://docs.nvidia.com/deploy/dynamic-page-retirement/) for pending
 row remaps (a GPU reset applies them) and page retirements (a driver reload or reboot); the
-sources of the pci, fabric manager, venv and dcgm checks are in gpu_health_checks.py. Standard library
-only, Python 3.8+.
+sources of the pci, fabric manager, venv and dcgm checks are in gpu_health_checks.py. Standard
+library only, Python 3.8+.
 
 On a host, these files sit in one folder: gpu_health.py, gpu_health_checks.py, gpu_parsers.py and
 gpu_lock.py (from plugins/module_utils) and xid.yml (data/xid.yml). In a clone, the modules of

@@ -1,11 +1,12 @@
-"""The checks of gpu_health.py that look past nvidia-smi: the PCI bus, the NVSwitch fabric manager
-and each TensorFlow stack's venv against its lock.
+"""The checks of gpu_health.py that look past nvidia-smi: the PCI bus, the NVSwitch fabric manager,
+each TensorFlow stack's venv against its lock and, on request, NVIDIA DCGM's diagnostic.
 
 gpu_health.py imports this file by name from its own folder: files/health in a clone of the
 collection, the install folder on a host, where the role copies it beside gpu_health.py with
-gpu_parsers.py and gpu_lock.py. The readers here read files only; the one command these checks
-need, ``systemctl is-active nvidia-fabricmanager``, is run by gpu_health.py and its answer read
-here (:func:`fabric_manager_answer`). Each judge is a pure function that returns findings in the
+gpu_parsers.py and gpu_lock.py. The readers here read files only; the commands these checks need,
+``systemctl is-active nvidia-fabricmanager`` and ``dcgmi diag -r LEVEL -j``, are run by
+gpu_health.py and their answers read here (:func:`fabric_manager_answer`, :func:`dcgm_answer`).
+Each judge is a pure function that returns findings in the
 form of gpu_health.py, ``{"check", "bus_id", "cause", "fix"}`` (bus_id None for the host).
 
 - ``pci``: the NVIDIA GPUs (vendor ``10de``, class ``0300`` VGA or ``0302`` 3D controller) that the
@@ -379,7 +380,7 @@ def judge_dcgm(seen: dict[str, Any], gpus: list[dict[str, Any]] | None) -> list[
     if seen["error"]:
         return [finding("dcgm", None, seen["error"]["cause"], seen["error"]["fix"])]
     level, bus_ids = seen["level"], {gpu["index"]: gpu["pci_bus_id"] for gpu in gpus or []}
-    higher = f"level {level}, `dcgmi diag -r 4`" if level >= 3 else "level 3, `dcgmi diag -r 3`"
+    higher = "level 4, `dcgmi diag -r 4`" if level >= 3 else "level 3, `dcgmi diag -r 3`"
     failed = [entry for entry in seen["tests"] if entry["result"] == "Fail"]
     owned = {(entry["category"], entry["test"]) for entry in failed if entry["gpu"] is not None}
     findings = []

@@ -129,7 +129,7 @@ def _health_status(report: dict) -> str:
 def compact_health(report: Any) -> dict | None:
     """gpu_health's published ``gpu_health_report`` (gpu_health.py's JSON report) -> the report's
     compact ``health``: ``{status, checked_at, findings: [{check, bus_id, cause, fix}], error: {cause, fix}
-    or None}``, without the GPU rows; None when the host has none (the role did not run, or ran under --check)."""
+    or None, dcgm: {level, tests: [{test, gpu, result}]} or None}``, without the GPU rows; None when the host has none (the role did not run, or ran under --check)."""
     if not isinstance(report, dict):
         return None
     error = report.get("error")
@@ -142,6 +142,18 @@ def compact_health(report: Any) -> dict | None:
             if isinstance(item, dict)
         ],
         "error": {"cause": error.get("cause"), "fix": error.get("fix")} if isinstance(error, dict) else None,
+        "dcgm": _compact_dcgm(report.get("dcgm")),
+    }
+
+
+def _compact_dcgm(dcgm: Any) -> dict | None:
+    """The DCGM diagnostic's result per test (``{level, tests: [{test, gpu, result}]}``), None when it did not run."""
+    if not isinstance(dcgm, dict):
+        return None
+    tests = [item for item in dcgm.get("tests") or [] if isinstance(item, dict)]
+    return {
+        "level": dcgm.get("level"),
+        "tests": [{key: item.get(key) for key in ("test", "gpu", "result")} for item in tests],
     }
 
 

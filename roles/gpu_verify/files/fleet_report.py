@@ -639,7 +639,17 @@ def health_headline(health: Any) -> str:
     if status == NOT_CHECKED:
         return f"{NOT_CHECKED}: {NOT_CHECKED_REASON}"
     count = f", {_count(len(_findings(health)), 'finding')}" if status == UNHEALTHY else ""
-    return f"{status}{count} (checked {_get(health, 'checked_at') or 'at an unknown time'})"
+    return f"{status}{count}{dcgm_summary(health)} (checked {_get(health, 'checked_at') or 'at an unknown time'})"
+
+
+def dcgm_summary(health: Any) -> str:
+    """``, DCGM diag level 2: 9 Pass, 1 Fail`` when the health check ran NVIDIA DCGM's diagnostic."""
+    dcgm = _get(health, "dcgm")
+    if not isinstance(dcgm, dict):
+        return ""
+    results = [str(item.get("result")) for item in dcgm.get("tests") or [] if isinstance(item, dict)]
+    counts = ", ".join(f"{results.count(result)} {result}" for result in sorted(set(results)))
+    return f", DCGM diag level {dcgm.get('level')}: {counts or 'no test ran'}"
 
 
 def health_items(health: Any) -> list[tuple[str, str, str]]:

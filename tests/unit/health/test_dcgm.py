@@ -370,6 +370,7 @@ def test_a_standin_failure_names_the_gpu(tmp_path: Path, smi: str, dcgmi: str, v
     (finding,) = dcgm_findings(report)
     assert report["rc"] == 1 and finding["bus_id"] == GPU1
     assert f"Hardware/{test} failed on GPU 1 ({GPU1}): Found 4 faulty memory elements on GPU 1" in finding["cause"]
+    assert "at level 4, `dcgmi diag -r 4`" in finding["fix"]  # level 3 ran: the next is 4
 
 
 def test_a_standin_failure_above_the_level_does_not_run(tmp_path: Path, smi: str, dcgmi: str) -> None:

@@ -175,7 +175,13 @@ NO_SMI = {"cause": "nvidia-smi was not found.", "fix": "Install the driver (play
 
 
 def _compact(status: str, findings: list | None = None, error: dict | None = None) -> dict:
-    return {"status": status, "checked_at": "2026-12-01T17:03:12Z", "findings": findings or [], "error": error}
+    return {
+        "status": status,
+        "checked_at": "2026-12-01T17:03:12Z",
+        "findings": findings or [],
+        "error": error,
+        "dcgm": None,
+    }
 
 
 def test_collect_carries_each_hosts_health_compact_and_none_without_the_fact():
@@ -197,7 +203,25 @@ def test_collect_carries_each_hosts_health_compact_and_none_without_the_fact():
         host: [health, health] for host, health in expected.items()
     }
     # compact: not the GPU rows, the driver, the checks or the XID events
-    assert set(report["sick"][0]["health"]) == {"status", "checked_at", "findings", "error"}
+    assert set(report["sick"][0]["health"]) == {"status", "checked_at", "findings", "error", "dcgm"}
+
+
+def test_collect_carries_the_dcgm_result_per_test():
+    dcgm = {
+        "level": 2,
+        "tests": [
+            {"category": "Hardware", "test": "memory", "result": "Fail", "gpu": 1, "info": [], "warnings": ["x"]},
+            {"category": "Integration", "test": "pcie", "result": "Pass", "gpu": 0, "info": [], "warnings": []},
+        ],
+    }
+    hostvars = {
+        "h": {"gpu_verify_results": {"tf": {"ok": True}}, "gpu_health_report": dict(_health_report(1), dcgm=dcgm)}
+    }
+    (doc,) = gpu_report.gpu_verify_collect(["h"], hostvars, ["h"])["h"]
+    assert doc["health"]["dcgm"] == {
+        "level": 2,
+        "tests": [{"test": "memory", "gpu": 1, "result": "Fail"}, {"test": "pcie", "gpu": 0, "result": "Pass"}],
+    }
 
 
 def test_collect_carries_the_health_of_hosts_without_verification_results():

@@ -913,6 +913,15 @@ def test_each_hosts_health_is_in_the_json_and_counted_in_the_summary() -> None:
     assert "health" not in report["hosts"]["gpu01"]["rows"][0]  # a host's, not a row's
 
 
+def test_the_health_headline_counts_the_dcgm_results() -> None:
+    tests = [{"test": "memory", "gpu": 1, "result": "Fail"}, {"test": "pcie", "gpu": 0, "result": "Pass"}]
+    health = dict(_health("unhealthy", [ECC]), dcgm={"level": 2, "tests": tests})
+    assert fleet_report.health_headline(health) == (
+        f"unhealthy, 1 finding, DCGM diag level 2: 1 Fail, 1 Pass (checked {CHECKED})"
+    )
+    assert fleet_report.health_headline(_health("unhealthy", [ECC])) == f"unhealthy, 1 finding (checked {CHECKED})"
+
+
 def test_each_health_status_shows_in_the_markdown_column_and_the_details() -> None:
     md = fleet_report.format_markdown(fleet_report.build_report(_health_results(), None))
     cells = {line.split(" | ")[0][2:]: line.split(" | ")[2] for line in md.splitlines() if line.startswith("| gpu0")}
