@@ -129,7 +129,8 @@ def _health_status(report: dict) -> str:
 def compact_health(report: Any) -> dict | None:
     """gpu_health's published ``gpu_health_report`` (gpu_health.py's JSON report) -> the report's
     compact ``health``: ``{status, checked_at, findings: [{check, bus_id, cause, fix}], error: {cause, fix}
-    or None, dcgm: {level, tests: [{test, gpu, result}]} or None}``, without the GPU rows; None when the host has none (the role did not run, or ran under --check)."""
+    or None, dcgm: {level, tests: [{test, gpu, result}]} or None}``, without the GPU rows; None when the
+    host has none (the role did not run, or ran under --check)."""
     if not isinstance(report, dict):
         return None
     error = report.get("error")
