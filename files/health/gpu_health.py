@@ -147,7 +147,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from typing import Any, Dict, List, NamedTuple, Tuple
+from typing import Any, Dict, NamedTuple
 
 try:
     import gpu_parsers
@@ -155,6 +155,7 @@ except ImportError:  # a clone of the collection: the shared parsers are in plug
     sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "plugins", "module_utils"))
     import gpu_parsers
 import gpu_health_checks as checks  # beside this file, in a clone and on a host
+import gpu_metrics  # the Prometheus text format, shared with the controller's filters
 
 EXIT_HEALTHY = 0
 EXIT_UNHEALTHY = 1
@@ -1116,8 +1117,8 @@ GPU_METRICS = (
     ("gpu_fleet_health_persistence_mode", "persistence_mode", "gauge", "1 when persistence mode is on."),
 )
 
-Sample = Tuple[Dict[str, str], float]
-Family = Tuple[str, str, str, List[Sample]]
+Sample = gpu_metrics.Sample
+Family = gpu_metrics.Family
 
 
 def _run_families(report: dict[str, Any]) -> list[Family]:
@@ -1201,27 +1202,10 @@ def _gpu_families(report: dict[str, Any]) -> list[Family]:
     return families
 
 
-def _escape(value: str, quote: bool) -> str:
-    escaped = value.replace("\\", "\\\\").replace("\n", "\\n")
-    return escaped.replace('"', '\\"') if quote else escaped
-
-
-def _sample_line(name: str, labels: dict[str, str], value: float) -> str:
-    body = ",".join(f'{key}="{_escape(str(text), True)}"' for key, text in labels.items())
-    number = str(int(value)) if float(value).is_integer() and abs(value) < 2**53 else repr(float(value))
-    return f"{name}{{{body}}} {number}" if body else f"{name} {number}"
-
-
 def render_metrics(report: dict[str, Any]) -> str:
-    """The report in the Prometheus text exposition format: HELP and TYPE, then the samples of each
-    family; families without samples are left out, except up and the run's timestamp."""
-    lines = []
-    for name, kind, help_text, samples in _run_families(report) + _gpu_families(report):
-        if not samples:
-            continue
-        lines += [f"# HELP {name} {_escape(help_text, False)}", f"# TYPE {name} {kind}"]
-        lines += [_sample_line(name, labels, value) for labels, value in samples]
-    return "\n".join(lines) + "\n"
+    """The report in the Prometheus text exposition format (``gpu_metrics.render``): HELP and TYPE, then
+    the samples of each family; families without samples are left out (up and the run's time never are)."""
+    return gpu_metrics.render(_run_families(report) + _gpu_families(report))
 
 
 def render_text(report: dict[str, Any]) -> str:

@@ -88,7 +88,7 @@ def test_could_not_check_metrics(metrics_problems: Callable[[str], list[str]]) -
 
 
 def test_label_values_are_escaped(validator: Callable[[str], list[str]]) -> None:
-    line = gpu_health._sample_line("gpu_fleet_health_x", {"a": 'say "hi"\\\nbye'}, 2.5)
+    line = gpu_health.gpu_metrics.sample_line("gpu_fleet_health_x", {"a": 'say "hi"\\\nbye'}, 2.5)
     assert line == 'gpu_fleet_health_x{a="say \\"hi\\"\\\\\\nbye"} 2.5'
     assert validator("# HELP gpu_fleet_health_x x\n# TYPE gpu_fleet_health_x gauge\n" + line + "\n") == []
 
