@@ -5,6 +5,10 @@ One run reads, each command under ``--timeout`` seconds (killed, with its childr
 - ``nvidia-smi --query-gpu=<gpu_parsers.HEALTH_FIELDS> --format=csv,noheader,nounits`` (drivers that
   refuse the ``clocks_event_reasons.*`` names are asked again with ``clocks_throttle_reasons.*``);
 - ``nvidia-smi nvlink -s``;
+- only when the ecc check has a finding, for each GPU it names: ``nvidia-smi -q -d
+  ECC,PAGE_RETIREMENT,ROW_REMAPPER -i <bus id>``, whose remapped rows, retired pages and uncorrectable
+  ECC counts end each of that GPU's ecc findings (gpu_health_checks.py). It never changes the verdict: when
+  it fails or hangs (then the GPUs after it are not asked) the findings keep their cause as it was;
 - the kernel log since the last check: ``journalctl -k --since @<epoch> -o short-monotonic
   --no-pager`` (``-b`` instead of ``--since`` on the first run), or ``dmesg`` when journalctl is
   missing or fails (then only lines after the last check's uptime count), or ``--kernel-log FILE``;
@@ -936,6 +940,34 @@ def observe(args: argparse.Namespace, since_epoch: float | None, baseline: dict[
     return observed
 
 
+def read_ecc_details(nvidia_smi: str, bus_ids: Sequence[str], timeout: float) -> dict[str, str]:
+    """``{bus_id: words}``: each GPU's memory error state from ``nvidia-smi -q -d ... -i <bus id>``
+    (:func:`gpu_health_checks.ecc_detail_answer`). A GPU whose command fails has none; after one that does
+    not answer in time the rest are not asked, as one GPU in a bad state keeps all of NVML waiting."""
+    details = {}
+    for bus_id in bus_ids:
+        try:
+            result = run_command(checks.ecc_detail_command(nvidia_smi, bus_id), timeout)
+        except OSError:
+            continue
+        except CommandTimeout:
+            break
+        words = checks.ecc_detail_answer(bus_id, result.rc, result.stdout)
+        if words:
+            details[bus_id] = words
+    return details
+
+
+def explain_ecc(results: dict[str, list[Finding]], nvidia_smi: str, timeout: float) -> dict[str, list[Finding]]:
+    """The results with each ecc finding's cause followed by its GPU's memory details; nvidia-smi -q runs
+    only for the GPUs that have ecc findings, so a host without any runs nothing more."""
+    findings = results.get("ecc") or []
+    bus_ids = list(dict.fromkeys(item["bus_id"] for item in findings if item["bus_id"]))
+    if not bus_ids:
+        return results
+    return {**results, "ecc": checks.with_ecc_details(findings, read_ecc_details(nvidia_smi, bus_ids, timeout))}
+
+
 def read_dcgm(dcgmi: str, level: int, timeout: float) -> dict[str, Any]:
     """Run DCGM's diagnostic, ``dcgmi diag -r LEVEL -j``, and read its answer
     (:func:`gpu_health_checks.dcgm_answer`); stopped past ``timeout``, SIGTERM first."""
@@ -1480,7 +1512,8 @@ def run_check(args: argparse.Namespace, now: float) -> dict[str, Any]:
     if baseline is None:  # not verified yet: the checks against the inventory's count wait for it
         baseline = {"expected_gpus": None, "driver_version": None, "gpus": {}, "stacks": {}}
     observed = observe(args, read_state(args.state), baseline)
-    report = build_report(now, observed, baseline, judge(observed, baseline, catalog))
+    results = explain_ecc(judge(observed, baseline, catalog), args.nvidia_smi, args.timeout)
+    report = build_report(now, observed, baseline, results)
     if baseline["expected_gpus"] is None:
         report["skipped"].update(dict.fromkeys(("gpus", "pci"), NO_BASELINE.format(path=args.baseline)))
     return report
@@ -1558,7 +1591,7 @@ def record_baseline(args: argparse.Namespace, now: float) -> dict[str, Any]:
     document = baseline_document(args, observed, now)
     baseline = validate_baseline(document)
     results = {
-        **judge(observed, baseline, {"xids": {}}),
+        **explain_ecc(judge(observed, baseline, {"xids": {}}), args.nvidia_smi, args.timeout),
         "gpus": record_count(len(observed["gpus"] or []), args.expected_gpus),
     }
     findings = [item for check in CHECKS for item in results.get(check, [])]

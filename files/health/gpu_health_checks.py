@@ -1,11 +1,13 @@
-"""The checks of gpu_health.py that look past nvidia-smi: the PCI bus, the NVSwitch fabric manager,
-each TensorFlow stack's venv against its lock and, on request, NVIDIA DCGM's diagnostic.
+"""The checks of gpu_health.py that look past nvidia-smi's GPU list: the PCI bus, the NVSwitch fabric
+manager, each TensorFlow stack's venv against its lock, the memory details of the ecc check's findings
+and, on request, NVIDIA DCGM's diagnostic.
 
 gpu_health.py imports this file by name from its own folder: files/health in a clone of the
 collection, the install folder on a host, where the role copies it beside gpu_health.py with
 gpu_parsers.py and gpu_lock.py. The readers here read files only; the commands these checks need,
-``systemctl is-active nvidia-fabricmanager`` and ``dcgmi diag -r LEVEL -j``, are run by
-gpu_health.py and their answers read here (:func:`fabric_manager_answer`, :func:`dcgm_answer`).
+``systemctl is-active nvidia-fabricmanager``, ``dcgmi diag -r LEVEL -j`` and the ecc details' ``nvidia-smi
+-q``, are run by gpu_health.py and their answers read here (:func:`fabric_manager_answer`,
+:func:`dcgm_answer`, :func:`ecc_detail_answer`).
 Each judge is a pure function that returns findings in the
 form of gpu_health.py, ``{"check", "bus_id", "cause", "fix"}`` (bus_id None for the host).
 
@@ -29,6 +31,13 @@ form of gpu_health.py, ``{"check", "bus_id", "cause", "fix"}`` (bus_id None for 
   https://packaging.python.org/en/latest/specifications/core-metadata/) are compared with the lock
   by gpu_lock.lock_drift. Legacy ``*.egg-info`` installs are not read (pip installs a lock's wheels
   as ``.dist-info``).
+- ``ecc`` details: only for a GPU that the ecc check (in gpu_health.py) has a finding on, gpu_health.py runs
+  ``nvidia-smi -q -d ECC,PAGE_RETIREMENT,ROW_REMAPPER -i <bus id>`` (nvidia-smi(1), ``-q``, ``-d``, ``-i``;
+  NVML takes a PCI bus id ``domain:bus:device.function`` for ``-i``, NVML API Reference,
+  ``nvmlDeviceGetHandleByPciBusId_v2``) and its answer is read here (gpu_parsers.parse_query_details and
+  memory_error_details) into a sentence that ends each of that GPU's ecc findings: remapped rows, retired
+  pages and uncorrectable ECC errors, as far as the GPU reports them. An answer that fails or cannot be
+  read only leaves the sentence out.
 - ``dcgm`` (only with ``--dcgm-diag LEVEL``): NVIDIA DCGM's active diagnostic, ``dcgmi diag -r LEVEL
   -j``, run by gpu_health.py and read here (gpu_parsers.parse_dcgmi_diag, whose docstring names the
   JSON's sources). A finding per failed test result, naming its GPU and DCGM's message, whose last
@@ -67,6 +76,9 @@ FABRIC_MANAGER_UNIT = "nvidia-fabricmanager"
 UNIT_RUNNING = frozenset({"active", "reloading", "refreshing"})
 UNIT_STATES = UNIT_RUNNING | {"inactive", "failed", "activating", "deactivating", "maintenance", "unknown"}
 DRIFT_SHOWN = 3  # differences named in a venv finding; the rest are counted
+# nvidia-smi -q -d: the display types of a GPU's memory error state, as nvidia-smi -h lists them (driver 590.48.01
+# in the captures of https://github.com/utkuozdemir/nvidia_gpu_exporter, internal/captures/).
+ECC_DETAIL_DISPLAY = "ECC,PAGE_RETIREMENT,ROW_REMAPPER"
 
 PCI_SKIP_FIX = "point --pci-devices at this host's /sys/bus/pci/devices or a folder of its layout"
 FIX_PCI_GONE = (
@@ -321,6 +333,54 @@ def judge_venv(stacks: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
             cause = f"The venv {seen['venv']} of stack {name} differs from its lock {seen['lock']} ({drift_summary(drift)})."
             findings.append(finding("venv", None, cause, FIX_VENV))
     return findings
+
+
+def ecc_detail_command(nvidia_smi: str, bus_id: str) -> list[str]:
+    """The command that shows one GPU's memory error state (:data:`ECC_DETAIL_DISPLAY`)."""
+    return [nvidia_smi, "-q", "-d", ECC_DETAIL_DISPLAY, "-i", bus_id]
+
+
+def _number(count: int | None) -> str:
+    return "N/A" if count is None else str(count)
+
+
+def _yes_no(flag: bool | None) -> str:
+    return "N/A" if flag is None else ("Yes" if flag else "No")
+
+
+def memory_error_words(details: dict[str, dict[str, Any]]) -> str:
+    """gpu_parsers.memory_error_details in words, leaving out each part the GPU does not report at all:
+    ``Remapped rows: 3 uncorrectable, 0 correctable, pending Yes, failure No. Retired pages: ...``."""
+    rows, pages, ecc = details["remapped_rows"], details["retired_pages"], details["ecc_uncorrected"]
+    parts = [
+        f"Remapped rows: {_number(rows['uncorrectable'])} uncorrectable, {_number(rows['correctable'])} correctable, "
+        f"pending {_yes_no(rows['pending'])}, failure {_yes_no(rows['failure'])}.",
+        f"Retired pages: {_number(pages['single_bit'])} single-bit, {_number(pages['double_bit'])} double-bit, "
+        f"pending {_yes_no(pages['pending'])}.",
+        f"Uncorrectable ECC errors: {_number(ecc['volatile'])} volatile, {_number(ecc['aggregate'])} aggregate.",
+    ]
+    reported = [any(value is not None for value in part.values()) for part in (rows, pages, ecc)]
+    return " ".join(part for part, shown in zip(parts, reported) if shown)
+
+
+def ecc_detail_answer(bus_id: str, rc: int, stdout: str) -> str | None:
+    """The memory error state of GPU ``bus_id`` in words (:func:`memory_error_words`) from what
+    :func:`ecc_detail_command` answered; None when it failed, lacks the GPU or cannot be read."""
+    try:
+        section = gpu_parsers.parse_query_details(stdout).get(bus_id) if rc == 0 else None
+    except ValueError:
+        return None
+    if not section:
+        return None
+    return memory_error_words(gpu_parsers.memory_error_details(section)) or None
+
+
+def with_ecc_details(findings: list[dict[str, Any]], details: dict[str, str]) -> list[dict[str, Any]]:
+    """The ecc findings, each of a GPU in ``details`` ({bus_id: words}) with those words after its cause."""
+    return [
+        {**item, "cause": f"{item['cause']} {details[item['bus_id']]}"} if details.get(item["bus_id"]) else item
+        for item in findings
+    ]
 
 
 def dcgm_command(dcgmi: str, level: int) -> list[str]:

@@ -49,6 +49,27 @@ Sources for the formats (all public):
   one note: ``NVML: Unable to retrieve Nvlink information as all links are inActive`` (GeForce RTX
   2080 SUPER, drivers 595 and 610), ``Device does not have or support Nvlink`` (L40S) or ``Nvlink
   queries are not supported for Devices in MIG mode`` (H100/H200 in MIG mode), all in the captures.
+- ``nvidia-smi -q`` (:func:`parse_query_details`, :func:`memory_error_details`): an empty line, the banner
+  ``==============NVSMI LOG==============``, a header of ``Key : Value`` lines (Timestamp, Driver Version,
+  CUDA Version, Attached GPUs), then per GPU a line ``GPU 00000000:17:00.0`` and its ``Key : Value`` lines,
+  each heading's lines four spaces further in; the key is padded to a column that varies by driver (41
+  characters in 535, 54 in 590), a heading may end in spaces. ``-d <TYPE,...>`` prints the same header
+  and, per GPU, only those sections (``nvidia-smi -q -d TEMPERATURE`` quoted in
+  https://github.com/mikaku/Monitorix/issues/28). Captures of current drivers: 535.161.08 on 8x H100 and
+  535.129.03 on an A10 with a row remap pending in https://github.com/leptonai/gpud
+  (``components/accelerator/nvidia/query/testdata/``, at commit 5098ae174a618f0893c79cd774d1d3b4788e5360),
+  550.127.05 on 8x Tesla V100-SXM2 in https://github.com/thamada/gls (``gls/V100_x8_smi.py``), 590.48.01
+  on an H100 and an H200 in MIG mode (one ``MIG Device`` block per instance) and 610.57.04 on a GeForce
+  RTX 2080 SUPER (``Processes``) in https://github.com/utkuozdemir/nvidia_gpu_exporter
+  (``internal/captures/``). ``ECC Errors`` > ``Volatile``/``Aggregate`` hold ``Single Bit`` and ``Double
+  Bit`` sections with a ``Total`` on Volta (V100 at 550, TITAN V at 560.35.03 in the gpud folder), ``SRAM``
+  and ``DRAM`` ``Correctable``/``Uncorrectable`` counts on Turing and later, with ``SRAM Uncorrectable``
+  split into ``Parity`` and ``SEC-DED`` on Hopper; ``Retired Pages`` (``Single Bit ECC``, ``Double Bit
+  ECC``, ``Pending Page Blacklist``: NVIDIA "Dynamic Page Retirement",
+  https://docs.nvidia.com/deploy/dynamic-page-retirement/) is N/A on GPUs that remap rows, ``Remapped
+  Rows`` (``Correctable Error``, ``Uncorrectable Error``, ``Pending``, ``Remapping Failure Occurred``,
+  ``Bank Remap Availability Histogram``: NVIDIA "GPU Memory Error Management",
+  https://docs.nvidia.com/deploy/a100-gpu-mem-error-mgmt/) is ``N/A`` on one line before Ampere and in MIG mode.
 - Xid lines (:func:`parse_xid_events`): NVIDIA "XID Errors" (https://docs.nvidia.com/deploy/xid-errors/)
   quotes the old form ``NVRM: Xid (0000:03:00): 14, Channel 00000001``; current drivers write
   ``NVRM: Xid (PCI:0000:2b:00): 79, GPU has fallen off the bus.`` and most add ``pid=<n>,
@@ -169,6 +190,9 @@ _XID = re.compile(
 _XID_PROCESS = re.compile(r"^pid=(?P<pid>\d+|'?<unknown>'?),\s*name=(?P<name>[^,]*)(?:,\s*(?P<message>.*))?$")
 _NVLINK_CELL = re.compile(r"^NV(\d+)$")
 _VERSION = re.compile(r"^\d+(?:\.\d+)+$")
+# nvidia-smi -q (sources in the module docstring): the banner, and the line that opens each GPU's block.
+_QUERY_BANNER = "==NVSMI LOG=="
+_QUERY_GPU = re.compile(r"^GPU ([0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])\s*$")
 
 
 def normalize_bus_id(bus_id: str) -> str:
@@ -667,6 +691,146 @@ def parse_nvlink_status(text: str) -> dict[int, dict[str, Any]]:
         elif current["note"] is None:
             current["note"] = line
     return gpus
+
+
+def _query_line(line: str) -> tuple[int, str, str | None]:
+    """(indentation, key, value) of one ``nvidia-smi -q`` line; the value is None for a section heading
+    (a line without `` : ``), '' for a key printed with nothing after its colon."""
+    text = line.rstrip()
+    key, colon, value = text.strip().partition(" : ")
+    if not colon and text.endswith(" :"):
+        key, colon = text[:-2], " : "
+    return len(text) - len(text.lstrip(" ")), key.strip(), value.strip() if colon else None
+
+
+def _put(section: dict[str, Any], key: str, value: Any) -> None:
+    """Store one entry; a key that comes again in the same section keeps every value, in order, in a list."""
+    if key not in section:
+        section[key] = value
+    elif isinstance(section[key], list):
+        section[key].append(value)
+    else:
+        section[key] = [section[key], value]
+
+
+def _query_header(lines: list[str]) -> None:
+    """Check that text is ``nvidia-smi -q`` output: its banner or its ``Attached GPUs`` line."""
+    if not any(_QUERY_BANNER in line or line.startswith("Attached GPUs") for line in lines):
+        raise ValueError("not nvidia-smi -q output: no NVSMI LOG banner and no Attached GPUs line")
+
+
+def _query_entry(stack: list[tuple[int, dict[str, Any]]], indent: int, key: str, value: str | None) -> None:
+    """Put one line of a GPU block into the section it is indented under; a heading opens a section."""
+    while stack[-1][0] >= indent:
+        stack.pop()
+    section: dict[str, Any] = {}
+    _put(stack[-1][1], key, section if value is None else value)
+    if value is None:
+        stack.append((indent, section))
+
+
+def parse_query_details(text: str) -> dict[str, dict[str, Any]]:
+    """Parse ``nvidia-smi -q`` (also with ``-d ECC,PAGE_RETIREMENT,ROW_REMAPPER``, ``-i <id>``) into
+    ``{bus_id: section}``, one per ``GPU 00000000:17:00.0`` block, bus ids in the form of :func:`normalize_bus_id`.
+
+    A section is a dict of the block's ``Key : Value`` lines, values as printed (strings: ``N/A``, ``[N/A]``,
+    ``Not Supported``, ``Requested functionality has been deprecated`` included), and of its headings
+    (``ECC Errors``, ``Remapped Rows``, ...), each a section of the lines indented below it, by
+    indentation, however deep. Lines indented below a line that has a value (``HW Thermal Slowdown``
+    under ``HW Slowdown``, a process's ``Type`` under its ``Process ID``) belong to that line's section.
+    A key printed more than once in a section (``MIG Device``, each process's ``Process ID``) has the list
+    of its values. The header (Timestamp, Driver Version, CUDA Version, Attached GPUs) is checked, not
+    returned. "No devices were found" gives an empty dict.
+
+    Raises:
+        ValueError: the text is not ``-q`` output (no banner or ``Attached GPUs`` line, an indented line
+            before the first GPU, an unindented one after it) or names a GPU twice.
+    """
+    lines = _strip_ansi(text).expandtabs(8).splitlines()
+    if any("no devices were found" in line.lower() for line in lines):
+        return {}
+    _query_header(lines)
+    gpus: dict[str, dict[str, Any]] = {}
+    stack: list[tuple[int, dict[str, Any]]] = []
+    for number, line in enumerate(lines, start=1):
+        gpu, (indent, key, value) = _QUERY_GPU.match(line), _query_line(line)
+        if not line.strip() or _QUERY_BANNER in line or (not stack and not indent and not gpu):
+            continue  # blank, the banner, the header
+        if gpu:
+            bus_id = normalize_bus_id(gpu.group(1))
+            if bus_id in gpus:
+                raise ValueError(f"nvidia-smi -q output names GPU {bus_id} twice (line {number})")
+            stack = [(0, gpus.setdefault(bus_id, {}))]
+        elif not stack or not indent:
+            where = "indented before the first GPU" if indent else "not indented, nor a GPU line, after the first GPU"
+            raise ValueError(f"line {number} of the nvidia-smi -q output is {where}: {line!r}")
+        else:
+            _query_entry(stack, indent, key, value)
+    return gpus
+
+
+def _entry(section: Any, *names: str) -> Any:
+    """The value in a ``-q`` section under one of ``names`` (lower case): a key equal to one, else the first
+    key that starts with one; None when the section is none (``Remapped Rows : N/A``) or has no such key."""
+    if not isinstance(section, dict):
+        return None
+    keys = {key.lower(): value for key, value in section.items()}
+    found = next((keys[name] for name in names if name in keys), None)
+    prefixed = (value for name in names for key, value in keys.items() if key.startswith(name))
+    return found if found is not None else next(prefixed, None)
+
+
+def _detail_count(value: Any) -> int | None:
+    return int(value) if isinstance(value, str) and value.isdigit() else None
+
+
+def _detail_flag(value: Any) -> bool | None:
+    return _STATE_WORDS.get(value.lower()) if isinstance(value, str) else None
+
+
+def _uncorrectable(errors: Any) -> int | None:
+    """Uncorrectable errors of one ``Volatile`` or ``Aggregate`` section: ``Double Bit`` > ``Total`` where
+    the driver prints the Volta-and-older form, else the sum of the ``... Uncorrectable`` counts (``SRAM
+    Uncorrectable`` or its ``Parity`` and ``SEC-DED`` parts, and ``DRAM Uncorrectable``); None when none is a count."""
+    double = _entry(errors, "double bit")
+    if isinstance(double, dict):
+        return _detail_count(_entry(double, "total"))
+    keys = [key for key in errors if "uncorrectable" in key.lower()] if isinstance(errors, dict) else []
+    keys = [key for key in keys if not any(key != other and key.startswith(other) for other in keys)]
+    counts = [count for count in (_detail_count(errors[key]) for key in keys) if count is not None]
+    return sum(counts) if counts else None
+
+
+def memory_error_details(section: Any) -> dict[str, dict[str, Any]]:
+    """The memory error state of one GPU's :func:`parse_query_details` section:
+
+    ``{"remapped_rows": {"correctable", "uncorrectable", "pending", "failure"}, "retired_pages":
+    {"single_bit", "double_bit", "pending"}, "ecc_uncorrected": {"volatile", "aggregate"}}``, counts as
+    ints and flags as booleans, None where the GPU prints ``N/A`` or the driver no such line (``Remapped
+    Rows : N/A`` before Ampere, ``Retired Pages`` N/A on GPUs that remap rows). Keys are matched without
+    regard to case, by their first words: ``Pending Page Blacklist`` (drivers 535 to 610), an older driver's
+    ``Pending`` or any other ``Pending ...`` under Retired Pages; both forms of ``ECC Errors`` are read (see
+    :func:`_uncorrectable`). Anything else than a section (None, ``"N/A"``) gives all None.
+    """
+    rows, pages = _entry(section, "remapped rows"), _entry(section, "retired pages")
+    errors = _entry(section, "ecc errors")
+    return {
+        "remapped_rows": {
+            "correctable": _detail_count(_entry(rows, "correctable")),
+            "uncorrectable": _detail_count(_entry(rows, "uncorrectable")),
+            "pending": _detail_flag(_entry(rows, "pending")),
+            "failure": _detail_flag(_entry(rows, "remapping failure", "failure")),
+        },
+        "retired_pages": {
+            "single_bit": _detail_count(_entry(pages, "single bit")),
+            "double_bit": _detail_count(_entry(pages, "double bit")),
+            "pending": _detail_flag(_entry(pages, "pending")),
+        },
+        "ecc_uncorrected": {
+            "volatile": _uncorrectable(_entry(errors, "volatile")),
+            "aggregate": _uncorrectable(_entry(errors, "aggregate")),
+        },
+    }
 
 
 def _xid_process(rest: str) -> tuple[int | None, str | None, str]:

@@ -18,7 +18,13 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import pytest
-from gpu_parsers import HEALTH_FIELDS, HEALTH_FIELDS_THROTTLE_NAMES, parse_health_query
+from gpu_parsers import (
+    HEALTH_FIELDS,
+    HEALTH_FIELDS_THROTTLE_NAMES,
+    memory_error_details,
+    parse_health_query,
+    parse_query_details,
+)
 from helpers import NVIDIA_FIXTURES, load_builder
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -365,8 +371,219 @@ def test_a_driver_before_r535_rejects_the_event_names(standins, tmp_path):
         pytest.param({"nvlink_down": -1}, id="nvlink_down-negative"),
         pytest.param({"clocks_event_reasons": ["hw_slowdwon"]}, id="clock-reason-misspelt"),
         pytest.param({"clocks_event_reasons": "hw_slowdown"}, id="clock-reasons-not-a-list"),
+        pytest.param({"remapped_rows_uncorrectable": -1}, id="remapped-rows-negative"),
+        pytest.param({"retired_pages_single_bit": "2"}, id="retired-pages-not-a-number"),
     ],
 )
 def test_a_bad_knob_is_refused_not_taken_as_healthy(gpu1, standins, tmp_path):
     done = smi(standins, OLD_DRIVER, with_knobs(gpu1), tmp_path, "-L")
     assert done.returncode == 255 and "nvidia-smi stand-in:" in done.stdout
+
+
+# -- memory error details: nvidia-smi -q, run only for the GPUs of ecc findings --------------------------------
+
+DETAIL_ARGS = ["-q", "-d", "ECC,PAGE_RETIREMENT,ROW_REMAPPER", "-i", GPU1]
+MEMORY_SECTIONS = ["ECC Mode", "ECC Errors", "Retired Pages", "Remapped Rows"]
+NO_ROWS = {"correctable": None, "uncorrectable": None, "pending": None, "failure": None}
+NO_PAGES = {"single_bit": None, "double_bit": None, "pending": None}
+HEALTHY_A100 = {
+    "remapped_rows": {"correctable": 0, "uncorrectable": 0, "pending": False, "failure": False},
+    "retired_pages": NO_PAGES,
+    "ecc_uncorrected": {"volatile": 0, "aggregate": 0},
+}
+# A stand-in in front of the stand-in: it appends each command line to a log (one JSON list a line), and on -q
+# it answers (run), fails (fail) or does not answer (hang).
+WRAPPER = """
+import json, os, sys, time
+args = sys.argv[1:]
+with open({log!r}, "a", encoding="utf-8") as handle:
+    handle.write(json.dumps(args) + "\\n")
+if "-q" in args and {mode!r} == "fail":
+    print("stand-in wrapper: -q fails")
+    sys.exit(15)
+if "-q" in args and {mode!r} == "hang":
+    time.sleep(60)
+os.execv({standin!r}, [{standin!r}, *args])
+"""
+
+
+def logging_smi(tmp_path: Path, standin: Path, mode: str = "run") -> tuple[Path, Path]:
+    """The wrapper above around ``standin`` and its log."""
+    path, log = tmp_path / f"nvidia-smi-{mode}", tmp_path / f"nvidia-smi-{mode}.log"
+    text = WRAPPER.format(log=str(log), mode=mode, standin=str(standin))
+    path.write_text(f"#!{sys.executable}\n{text}", encoding="utf-8")
+    path.chmod(0o755)
+    return path, log
+
+
+def logged(log: Path) -> list[list[str]]:
+    return [json.loads(line) for line in log.read_text(encoding="utf-8").splitlines()] if log.exists() else []
+
+
+def ecc_causes(run: Run) -> list[str]:
+    return [item["cause"] for item in run.report["findings"] if item["check"] == "ecc"]
+
+
+@pytest.mark.parametrize("driver", [OLD_DRIVER, NEW_DRIVER])
+def test_a_healthy_host_never_runs_query_details(driver, standins, tmp_path):
+    smi_path, log = logging_smi(tmp_path, standins[driver])
+    run = run_health(tmp_path, smi_path, with_knobs({}), driver)
+    assert (run.rc, run.report["findings"]) == (0, [])
+    commands = logged(log)
+    assert commands and not [args for args in commands if "-q" in args], commands
+
+
+DETAIL_CASES = [
+    pytest.param(
+        {"remapped_rows_pending": "Yes", "remapped_rows_uncorrectable": 3},
+        ["GPU 0000:0f:00.0 has memory rows pending remapping."],
+        "Remapped rows: 3 uncorrectable, 0 correctable, pending Yes, failure No. "
+        "Uncorrectable ECC errors: 0 volatile, 0 aggregate.",
+        id="a100-row-remap-pending",
+    ),
+    pytest.param(
+        {"remapped_rows_failure": "Yes", "remapped_rows_uncorrectable": 8, "ecc_uncorrected_volatile": 2},
+        [
+            "GPU 0000:0f:00.0 has had 2 uncorrectable ECC errors since the driver loaded.",
+            "A memory row remapping failed on GPU 0000:0f:00.0.",
+        ],
+        "Remapped rows: 8 uncorrectable, 0 correctable, pending No, failure Yes. "
+        "Uncorrectable ECC errors: 2 volatile, 0 aggregate.",
+        id="a100-remap-failure-and-ecc",
+    ),
+    pytest.param(
+        {
+            "compute_cap": "7.0",
+            "retired_pages_pending": "Yes",
+            "retired_pages_double_bit": 1,
+            "ecc_uncorrected_aggregate": 1,
+        },
+        [
+            "GPU 0000:0f:00.0 has had 1 uncorrectable ECC errors over its life (aggregate count).",
+            "GPU 0000:0f:00.0 has memory pages pending retirement.",
+        ],
+        "Retired pages: 0 single-bit, 1 double-bit, pending Yes. Uncorrectable ECC errors: 0 volatile, 1 aggregate.",
+        id="v100-page-retirement",
+    ),
+]
+
+
+@pytest.mark.parametrize(("gpu1", "causes", "details"), DETAIL_CASES)
+def test_an_ecc_finding_carries_its_gpus_memory_details(gpu1, causes, details, standins, tmp_path):
+    smi_path, log = logging_smi(tmp_path, standins[NEW_DRIVER])
+    run = run_health(tmp_path, smi_path, with_knobs(gpu1), NEW_DRIVER)
+    assert run.rc == 1 and {item["check"] for item in run.report["findings"]} == {"ecc"}, run.report
+    assert ecc_causes(run) == [f"{cause} {details}" for cause in causes]
+    assert [args for args in logged(log) if "-q" in args] == [DETAIL_ARGS]  # once, for the GPU with findings
+
+
+@pytest.mark.parametrize("mode", ["fail", "hang"])
+def test_query_details_that_fail_or_hang_leave_the_verdict(mode, standins, tmp_path):
+    """Both GPUs have a finding; -q fails (each GPU is asked) or hangs (killed after --timeout, and the second
+    GPU is not asked): the findings are those of a run without details, exit status 1."""
+    description = with_knobs({"remapped_rows_pending": "Yes"})
+    description["gpus"][0]["remapped_rows_pending"] = "Yes"
+    smi_path, log = logging_smi(tmp_path, standins[NEW_DRIVER], mode)
+    run = run_health(tmp_path, smi_path, description, NEW_DRIVER, timeout=2)
+    assert run.rc == 1 and run.seconds < 20, run
+    assert ecc_causes(run) == [f"GPU {bus_id} has memory rows pending remapping." for bus_id in (GPU0, GPU1)]
+    asked = [args[-1] for args in logged(log) if "-q" in args]
+    assert asked == ([GPU0, GPU1] if mode == "fail" else [GPU0])
+    assert not still_running(smi_path), "the hanging wrapper outlived the check"
+
+
+def test_the_standin_answers_query_details_in_the_real_format(standins, tmp_path):
+    knobs = {
+        **{"remapped_rows_correctable": 1, "remapped_rows_uncorrectable": 3, "remapped_rows_pending": "Yes"},
+        **{"ecc_uncorrected_volatile": 2, "ecc_uncorrected_aggregate": 5},
+    }
+    done = smi(standins, NEW_DRIVER, with_knobs(knobs), tmp_path, "-q", "-d", "ECC,PAGE_RETIREMENT,ROW_REMAPPER")
+    assert done.returncode == 0, done.stdout
+    lines = done.stdout.splitlines()
+    assert lines[:3] == ["", "==============NVSMI LOG==============", ""]
+    assert lines[4:8] == [
+        f"Driver Version                            : {NEW_DRIVER}",
+        "CUDA Version                              : 12.2",
+        "",
+        "Attached GPUs                             : 2",
+    ]
+    gpus = parse_query_details(done.stdout)
+    assert list(gpus) == [GPU0, GPU1] and all(list(section) == MEMORY_SECTIONS for section in gpus.values())
+    assert memory_error_details(gpus[GPU0]) == HEALTHY_A100
+    assert memory_error_details(gpus[GPU1]) == {
+        "remapped_rows": {"correctable": 1, "uncorrectable": 3, "pending": True, "failure": False},
+        "retired_pages": NO_PAGES,
+        "ecc_uncorrected": {"volatile": 2, "aggregate": 5},
+    }
+    assert gpus[GPU1]["ECC Errors"]["Volatile"]["DRAM Uncorrectable"] == "2"
+
+
+@pytest.mark.parametrize(
+    "gpu_id", [GPU1, "00000000:0F:00.0", "0f:00.0", "1", "GPU-fd26179c-de1f-3f6f-f298-383b36269b35"]
+)
+def test_the_standin_picks_a_gpu_and_types_as_nvidia_smi_does(gpu_id, standins, tmp_path):
+    done = smi(standins, OLD_DRIVER, with_knobs({}), tmp_path, "-q", "--display=row_remapper", "-i", gpu_id)
+    assert done.returncode == 0, done.stdout
+    gpus = parse_query_details(done.stdout)
+    assert list(gpus) == [GPU1] and list(gpus[GPU1]) == ["Remapped Rows"]
+    assert "Attached GPUs                             : 2" in done.stdout.splitlines()
+
+
+@pytest.mark.parametrize(
+    ("gpu1", "expected"),
+    [
+        pytest.param(
+            {
+                "compute_cap": "7.0",
+                "retired_pages_single_bit": 2,
+                "retired_pages_pending": "Yes",
+                "ecc_uncorrected_aggregate": 1,
+            },
+            {
+                "remapped_rows": NO_ROWS,
+                "retired_pages": {"single_bit": 2, "double_bit": 0, "pending": True},
+                "ecc_uncorrected": {"volatile": 0, "aggregate": 1},
+            },
+            id="volta-retires-pages",
+        ),
+        pytest.param(
+            {"compute_cap": "9.0", "ecc_uncorrected_volatile": 1},
+            {**HEALTHY_A100, "ecc_uncorrected": {"volatile": 1, "aggregate": 0}},
+            id="hopper",
+        ),
+        pytest.param(
+            {"ecc_uncorrected_volatile": "[N/A]", "ecc_uncorrected_aggregate": "[N/A]"},
+            {**HEALTHY_A100, "ecc_uncorrected": {"volatile": None, "aggregate": None}},
+            id="ecc-off",
+        ),
+    ],
+)
+def test_the_standin_prints_each_generations_form(gpu1, expected, standins, tmp_path):
+    done = smi(
+        standins, NEW_DRIVER, with_knobs(gpu1), tmp_path, "-q", "-d", "ECC,PAGE_RETIREMENT,ROW_REMAPPER", "-i", "1"
+    )
+    section = parse_query_details(done.stdout)[GPU1]
+    assert memory_error_details(section) == expected
+    volatile = section["ECC Errors"]["Volatile"]
+    if gpu1.get("compute_cap") == "7.0":
+        assert section["Remapped Rows"] == "N/A" and volatile["Double Bit"]["Total"] == "0"
+    elif gpu1.get("compute_cap") == "9.0":
+        assert volatile["SRAM Uncorrectable Parity"] == volatile["SRAM Uncorrectable SEC-DED"] == "0"
+    else:
+        assert section["ECC Mode"] == {"Current": "N/A", "Pending": "N/A"} and volatile["DRAM Uncorrectable"] == "N/A"
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        pytest.param(("-q", "-d", "ECC,RETIRED_PAGES"), "Invalid combination of input arguments.", id="unknown-type"),
+        pytest.param(("-d", "ECC"), "Invalid combination of input arguments.", id="display-without-query"),
+        pytest.param(("-q", "-d", "ECC", "-L"), "Invalid combination of input arguments.", id="query-with-list"),
+        pytest.param(("-q", "-d", "MEMORY"), "nvidia-smi stand-in: -q prints only", id="type-not-modelled"),
+        pytest.param(("-q",), "nvidia-smi stand-in: -q prints only", id="query-without-display"),
+        pytest.param(("-q", "-d", "ECC", "-i", "0000:99:00.0"), "No devices were found matching", id="no-such-gpu"),
+    ],
+)
+def test_the_standin_refuses_what_nvidia_smi_refuses(args, said, standins, tmp_path):
+    done = smi(standins, NEW_DRIVER, with_knobs({}), tmp_path, *args)
+    assert done.returncode == 2 and said in done.stdout, done.stdout
