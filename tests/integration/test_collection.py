@@ -31,11 +31,19 @@ RECAP = re.compile(r"^(\S+)\s+: ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+f
 # with any tag, and the installers' push/clean steps belong to gpu_artifacts.
 STACKS = "gpu_preflight"
 PHASES = {
-    "preflight": {"gpu_preflight", "gpu_artifacts", "gpu_verify", "nvidia_driver", "cuda_toolkit", "tf_venv"},
+    "preflight": {
+        "gpu_preflight",
+        "gpu_artifacts",
+        "gpu_verify",
+        "gpu_health",
+        "nvidia_driver",
+        "cuda_toolkit",
+        "tf_venv",
+    },
     "driver": {"nvidia_driver", "gpu_artifacts", STACKS},
     "cuda": {"cuda_toolkit", "cudnn", "gpu_env", "gpu_artifacts", STACKS},
     "tensorflow": {"tf_venv", STACKS},
-    "verify": {"gpu_verify", STACKS},
+    "verify": {"gpu_verify", "gpu_health", STACKS},
 }
 ROLE_TAGS = {
     "gpu_preflight": {"gpu_preflight", "gpu_artifacts"},
@@ -46,13 +54,14 @@ ROLE_TAGS = {
     "gpu_env": {"gpu_env", STACKS},
     "tf_venv": {"tf_venv", STACKS},
     "gpu_verify": {"gpu_verify", STACKS},
+    "gpu_health": {"gpu_health"},
 }
 OWN = {
     "preflight": {"gpu_preflight"},
     "driver": {"nvidia_driver"},
     "cuda": {"cuda_toolkit", "cudnn", "gpu_env"},
     "tensorflow": {"tf_venv"},
-    "verify": {"gpu_verify"},
+    "verify": {"gpu_verify", "gpu_health"},
 }
 # Tasks of gpu_preflight's full host check: they run only under its own tags.
 HOST_CHECK_TASKS = ("Gather GPU facts", "Stop this host before any change, with every problem found")
@@ -138,6 +147,7 @@ def test_a_users_own_playbook_applies_the_roles_by_fqcn(converged, installed):
         "cudnn",
         "gpu_env",
         "tf_venv",
+        "gpu_health",
         "gpu_verify",
     ]
     play = [{"name": "My GPU hosts", "hosts": "gpu_hosts", "become": True, "roles": [f"{FQCN}.{r}" for r in roles]}]
