@@ -120,8 +120,9 @@ test's overall result; none for a skipped test). Format: "Exposition formats", t
 (https://prometheus.io/docs/instrumenting/exposition_formats/); names after "Metric and label
 naming" (https://prometheus.io/docs/practices/naming/).
 
-Exit codes: 0 healthy, 1 unhealthy (at least one finding), 2 could not check (nvidia-smi missing,
-failing or hanging, the baseline, the Xid catalog or the kernel log unreadable) or a usage error.
+Exit codes: 0 healthy, 1 unhealthy (at least one finding; nvidia-smi hanging past ``--timeout`` is the
+finding ``nvidia_smi``), 2 could not check (nvidia-smi missing or failing, the baseline, the Xid catalog
+or the kernel log unreadable) or a usage error.
 ``--record-baseline``: 0 written, 2 refused, could not observe or not written, or a usage error.
 
 Sources: nvidia-smi(1) (https://docs.nvidia.com/deploy/nvidia-smi/index.html) and ``nvidia-smi
@@ -1266,7 +1267,9 @@ def outcome_lines(findings: list[Finding], skipped: dict[str, str]) -> list[str]
 
 NAME = """\
 NAME
-  gpu_health.py - check this host's NVIDIA GPUs, and its TensorFlow venvs, against a baseline
+  gpu-health - check this host's NVIDIA GPUs, and its TensorFlow venvs, against a baseline
+  (gpu_health.py; the gpu_health role installs it as the command gpu-health, which passes this
+  host's --baseline, --state, --textfile, --timeout, --nvidia-smi, --pci-devices, --kernel-log)
 
 """
 SYNOPSIS = """\
@@ -1304,9 +1307,10 @@ DESCRIPTION
 EPILOG = f"""\
 EXIT STATUS
   0  healthy: every check passed (--record-baseline: the baseline was written)
-  1  unhealthy: at least one finding; each names its cause and its fix
-  2  could not check: nvidia-smi missing, failing or hanging past --timeout, or the baseline,
-     the Xid catalog or the kernel log unreadable (the metrics say gpu_fleet_health_up 0);
+  1  unhealthy: at least one finding; each names its cause and its fix (nvidia-smi hanging
+     past --timeout is the finding nvidia_smi: killed, the GPUs could not be read)
+  2  could not check: nvidia-smi missing or failing, or the baseline, the Xid catalog or the
+     kernel log unreadable (the metrics say gpu_fleet_health_up 0);
      --record-baseline: refused (the host is not healthy) or the baseline not written;
      also a usage error
 
@@ -1332,7 +1336,7 @@ def positive_seconds(text: str) -> float:
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
     if not 0 < value < 3600:
-        raise argparse.ArgumentTypeError(f"{text!r} is not between 0 and 3600 seconds")
+        raise argparse.ArgumentTypeError(f"{text!r} must be above 0 and below 3600 seconds")
     return value
 
 
@@ -1365,7 +1369,7 @@ def dcgm_seconds(text: str) -> float:
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
     if not 0 < value <= 86400:
-        raise argparse.ArgumentTypeError(f"{text!r} is not between 0 and 86400 seconds (a day)")
+        raise argparse.ArgumentTypeError(f"{text!r} must be above 0 and below 86400 seconds (a day)")
     return value
 
 
@@ -1430,7 +1434,7 @@ def _add_dcgm_options(add: Any) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = ManPageParser(
-        prog="gpu_health.py",
+        prog="gpu-health",
         usage=SYNOPSIS,
         description=DESCRIPTION,
         epilog=EPILOG,

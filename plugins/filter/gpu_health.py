@@ -7,6 +7,7 @@ named and described in files/monitoring/verification-metrics.yml.
 ``gpu_health_baseline_args``: ``gpu_verify_results`` and the resolved stacks -> the options of
 ``gpu_health.py --record-baseline``, or none when a stack did not pass.
 ``gpu_health_outcome``: that command's output -> its outcome, with ``changed`` and ``error``.
+``gpu_health_timespan_seconds``: a systemd time span (``5min``, ``1h 30min``) -> seconds, or none.
 
 Each is documented in plugins/filter/<name>.yml.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from typing import Any
 
@@ -53,6 +55,30 @@ def gpu_health_outcome(stdout: str, stderr: str = "") -> dict[str, Any]:
         cause = f"the command gave no outcome ({(stderr or stdout or 'no output').strip()[-300:]})."
         return {"recorded": False, "changed": False, "error": {"cause": cause, "fix": FIX_COMMAND}}
     return {**outcome, "changed": bool(outcome.get("changed")), "error": outcome.get("error")}
+
+
+# systemd.time(5), "Parsing Time Spans": the units and their length in seconds.
+TIMESPAN_UNITS = {
+    "us": 1e-6, "usec": 1e-6, "ms": 1e-3, "msec": 1e-3, "": 1.0, "s": 1.0, "sec": 1.0, "second": 1.0, "seconds": 1.0,
+    "m": 60.0, "min": 60.0, "minute": 60.0, "minutes": 60.0, "h": 3600.0, "hr": 3600.0, "hour": 3600.0,
+    "hours": 3600.0, "d": 86400.0, "day": 86400.0, "days": 86400.0, "w": 604800.0, "week": 604800.0, "weeks": 604800.0,
+}  # fmt: skip
+TIMESPAN_PART = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-z]*)")
+
+
+def gpu_health_timespan_seconds(text: Any) -> float | None:
+    """``{{ '1h 30min' | gpu_fleet.tf_hosts.gpu_health_timespan_seconds }}`` -> 5400.0: a systemd time span
+    in seconds (a number without a unit is seconds), None when it is not one."""
+    rest, total = str(text).strip(), 0.0
+    if not rest:
+        return None
+    while rest:
+        match = TIMESPAN_PART.match(rest)
+        if not match or match.group(2) not in TIMESPAN_UNITS:
+            return None
+        total += float(match.group(1)) * TIMESPAN_UNITS[match.group(2)]
+        rest = rest[match.end() :].lstrip()
+    return total
 
 
 def _metric_specs() -> dict[str, dict[str, Any]]:
@@ -161,4 +187,5 @@ class FilterModule:
             "gpu_health_verification_metrics": gpu_health_verification_metrics,
             "gpu_health_baseline_args": gpu_health_baseline_args,
             "gpu_health_outcome": gpu_health_outcome,
+            "gpu_health_timespan_seconds": gpu_health_timespan_seconds,
         }

@@ -329,7 +329,17 @@ CASES = [
     Case(
         "health_interval_malformed",
         {"gpu_health_interval": "every 5 minutes"},
-        ("gpu_health_interval is every 5 minutes", "a systemd time span such as 5min"),
+        ("gpu_health_interval is every 5 minutes", "a systemd time span of at least a minute, such as 5min"),
+    ),
+    Case(
+        "health_state_dir_relative",
+        {"gpu_health_state_dir": "gpu-health"},
+        ("gpu_health_state_dir is gpu-health", "an absolute path on the host"),
+    ),
+    Case(
+        "health_dcgm_level_unknown",
+        {"gpu_health_dcgm_diag_level": 7},
+        ("gpu_health_dcgm_diag_level is 7", "a dcgmi diag level from 1 to 4"),
     ),
     Case(
         "health_textfile_dir_relative",

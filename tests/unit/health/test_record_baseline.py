@@ -259,9 +259,9 @@ def test_help_documents_the_mode() -> None:
     env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
     done = subprocess.run([sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True, check=False, env=env)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("NAME\n  gpu_health.py - ")
-    assert "\nSYNOPSIS\n  gpu_health.py [--baseline FILE]" in done.stdout
-    assert "  gpu_health.py --record-baseline --expected-gpus N" in done.stdout
+    assert done.stdout.startswith("NAME\n  gpu-health - ")
+    assert "\nSYNOPSIS\n  gpu-health [--baseline FILE]" in done.stdout
+    assert "  gpu-health --record-baseline --expected-gpus N" in done.stdout
     for option in ("--record-baseline", "--expected-gpus N", "--driver-version V", "--fabric-manager-expected"):
         assert option in done.stdout
     assert "--stack NAME=VENV[,LOCK]" in done.stdout and "--pci-devices DIR" in done.stdout

@@ -133,3 +133,16 @@ def test_outcome_of_the_record_command():
     assert failed["error"] == {"cause": "No room.", "fix": "Free it."}
     broken = health_filters.gpu_health_outcome("", "python3: can't open file")
     assert broken["changed"] is False and "python3: can't open file" in broken["error"]["cause"]
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("5min", 300.0), ("1h 30min", 5400.0), ("90", 90.0), ("2 min", 120.0), ("1d", 86400.0), ("500ms", 0.5)],
+)
+def test_timespans_as_systemd_reads_them(text, seconds):
+    assert health_filters.gpu_health_timespan_seconds(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "every 5 minutes", "5 parsecs", "-5min", "5min later"])
+def test_what_is_no_timespan(text):
+    assert health_filters.gpu_health_timespan_seconds(text) is None
