@@ -54,7 +54,7 @@ ROLE_TAGS = {
     "gpu_env": {"gpu_env", STACKS},
     "tf_venv": {"tf_venv", STACKS},
     "gpu_verify": {"gpu_verify", STACKS},
-    "gpu_health": {"gpu_health"},
+    "gpu_health": {"gpu_health", STACKS},
 }
 OWN = {
     "preflight": {"gpu_preflight"},
