@@ -32,6 +32,7 @@ import re  # noqa: E402  (imports follow the documentation block, as ansible-tes
 from typing import Any  # noqa: E402
 
 from ansible.plugins.callback import CallbackBase  # noqa: E402
+from ansible_collections.gpu_fleet.tf_hosts.plugins.plugin_utils.task_result import task_result_data, task_result_host  # noqa: E402
 
 UNREACHABLE_VAR = "gpu_verify_unreachable_reason"
 FAILED_VAR = "gpu_verify_failed_reason"
@@ -69,14 +70,15 @@ class CallbackModule(CallbackBase):
         # Results reach callbacks in the controller's main process with the inventory's own Host,
         # whose variables every later task's hostvars read.
         other = FAILED_VAR if name == UNREACHABLE_VAR else UNREACHABLE_VAR
-        result.host.set_variable(name, message)
-        result.host.set_variable(other, None)
+        host = task_result_host(result)
+        host.set_variable(name, message)
+        host.set_variable(other, None)
 
     def v2_runner_on_unreachable(self, result: Any) -> None:
         """Keep the connection's message."""
-        self._keep(result, UNREACHABLE_VAR, result_message(result.result))
+        self._keep(result, UNREACHABLE_VAR, result_message(task_result_data(result)))
 
     def v2_runner_on_failed(self, result: Any, ignore_errors: bool = False) -> None:
         """Keep the failed task's name and message, unless the task ignores errors."""
         if not ignore_errors:
-            self._keep(result, FAILED_VAR, f"task '{result.task_name}': {result_message(result.result)}")
+            self._keep(result, FAILED_VAR, f"task '{result.task_name}': {result_message(task_result_data(result))}")

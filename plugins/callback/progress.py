@@ -31,6 +31,7 @@ from typing import Any  # noqa: E402
 
 from ansible import constants as C  # noqa: E402
 from ansible.plugins.callback import CallbackBase  # noqa: E402
+from ansible_collections.gpu_fleet.tf_hosts.plugins.plugin_utils.task_result import task_result_host  # noqa: E402
 
 # Ansible's default stdout callback, by its short and its full name.
 HUMAN_STDOUT = frozenset({"default", "ansible.builtin.default"})
@@ -70,7 +71,7 @@ class CallbackModule(CallbackBase):
 
     def v2_runner_on_async_poll(self, result: Any) -> None:
         """One line: the host, the task and how long it has run."""
-        host = result.host.get_name()
+        host = task_result_host(result).get_name()
         name, began = self._running.get(host, (result.task_name, None))
         since = f"still running after {elapsed(self._clock() - began)}" if began is not None else "still running"
         self._display.display(f"{host}: {name}: {since}", stderr=self._to_stderr)

@@ -156,3 +156,12 @@ def test_a_real_run_keeps_the_messages_for_a_later_play(tmp_path: Path) -> None:
         "gpu_verify_failed_reason": "task 'Fail on one host': the disk is full",
         "gpu_verify_unreachable_reason": None,
     }
+
+
+def test_a_result_of_ansible_core_before_2_19_is_read_from_its_private_attributes() -> None:
+    # ansible-core 2.16-2.18's TaskResult has `_host` and `_result` only (2.19 made them public).
+    host = FakeHost()
+    old_style = SimpleNamespace(_host=host, _result={"msg": "No package matching 'xz'"}, task_name="Install xz")
+    host_failures.CallbackModule().v2_runner_on_failed(old_style)
+    assert host.vars[host_failures.FAILED_VAR] == "task 'Install xz': No package matching 'xz'"
+    assert host.vars[host_failures.UNREACHABLE_VAR] is None
