@@ -28,7 +28,7 @@ help:
 	@echo "make test        everything (what CI runs), two parts at a time, with a table of each part's time"
 	@echo "make lint        yamllint, ansible-lint (production), ruff, antsibull-changelog lint"
 	@echo "make unit        pytest tests/unit"
-	@echo "make sanity      ansible-test sanity on the built and installed collection"
+	@echo "make sanity      ansible-test sanity on the built and installed collection, under ansible-core 2.16 (tools/sanity.sh --core 2.21: the newest)"
 	@echo "make molecule    the Molecule scenarios alone (tests/parts.yml), one after another"
 	@echo "make integration the integration tests alone (collection, bad input, interrupted, reports, air-gap, ...)"
 	@echo "make bench       timings on fresh sandbox hosts against the fleet targets (minutes; by hand)"
@@ -40,7 +40,7 @@ help:
 	@echo "Building blocks (the targets above run them as needed):"
 	@echo "make deps        apt packages: podman, runc, debootstrap, makeself, gcc, xz-utils, chromium, python3-venv; promtool"
 	@echo "make venv        the controller's Python venv .venv with requirements.txt"
-	@echo "make image       the sandbox's Debian 12 image (debootstrap; once)"
+	@echo "make image       the sandbox's Debian 12 and Debian 13 images (debootstrap; once)"
 	@echo "make standins    the stand-ins for NVIDIA's installers under build/"
 	@echo "make sandbox     start the sandbox container gpu-sandbox"
 	@echo "make wheelhouse  the wheels of the locks the test hosts install, once (build/wheelhouse)"
@@ -58,6 +58,7 @@ venv: deps $(VENV)/.installed
 
 image: deps
 	tools/build-sandbox-image.sh
+	tools/build-sandbox-image.sh localhost/gpu-sandbox-debian:13
 
 standins: deps
 	python3 tests/fixtures/nvidia/build_standins.py --out $(STANDINS)

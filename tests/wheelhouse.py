@@ -27,23 +27,34 @@ HOST_DIR = "/srv/test-wheelhouse"
 # multi_stack's own locks of both with ipykernel (tests/fixtures/locks-jupyter, made by tools/locks.py
 # --extra ipykernel==6.29.5; their header has the command).
 LOCKS = tuple(
-    ROOT / "data" / "locks" / name for name in ("tensorflow-cpu-2.12.1-py3.11.txt", "tensorflow-cpu-2.18.1-py3.11.txt")
+    ROOT / "data" / "locks" / name
+    for name in (
+        "tensorflow-cpu-2.12.1-py3.11.txt",
+        "tensorflow-cpu-2.18.1-py3.11.txt",
+        # The Debian 13 host (tests/integration/test_newest_core.py): CPython 3.13.
+        "tensorflow-cpu-2.20.0-py3.13.txt",
+    )
 )
 LOCKS += tuple(sorted((ROOT / "tests" / "fixtures" / "locks-jupyter").glob("*.txt")))
-# The sandbox hosts: Debian 12, CPython 3.11, x86_64 (the tags the locks' wheels carry).
+# The sandbox hosts: x86_64 with the CPython X.Y that the lock's name ends with (-pyX.Y.txt), the tags
+# the locks' wheels carry.
 PLATFORM = [
     "--only-binary=:all:",
     "--implementation=cp",
-    "--python-version=3.11",
     "--platform=manylinux2014_x86_64",
     "--platform=manylinux_2_17_x86_64",
     "--platform=linux_x86_64",
 ]
 
 
+def python_version(lock: Path) -> str:
+    """The hosts' Python X.Y of a lock named <package>-<version>-pyX.Y.txt (tools/locks.py's names)."""
+    return lock.stem.rsplit("-py", 1)[1]
+
+
 def download_command(lock: Path, dest: Path = WHEELHOUSE) -> list[str]:
     return [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--require-hashes", "-r", str(lock),
-            *PLATFORM, "--dest", str(dest)]  # fmt: skip
+            *PLATFORM, f"--python-version={python_version(lock)}", "--dest", str(dest)]  # fmt: skip
 
 
 def build(dest: Path = WHEELHOUSE) -> Path:

@@ -15,11 +15,19 @@
 # The image carries a label with a hash of its inputs (this script, the fixture writer and the GPU
 # description); an image whose label differs is rebuilt, so `make image` picks up fixture changes.
 #
+# The Debian release is the image tag's: localhost/gpu-sandbox-debian:13 is trixie (the Debian 13 host
+# of tests/integration/test_debian13.py and the container of `tools/sanity.sh --core 2.21`), any
+# other tag bookworm; GPU_SANDBOX_SUITE overrides it.
+#
 # Usage: tools/build-sandbox-image.sh [IMAGE]     (default: localhost/gpu-sandbox-debian:12)
 # Exit codes: 0 image present or built; 1 build failed.
 set -euo pipefail
 image="${1:-${GPU_SANDBOX_IMAGE:-localhost/gpu-sandbox-debian:12}}"
-suite="${GPU_SANDBOX_SUITE:-bookworm}"
+case "$image" in
+  *:13) default_suite=trixie ;;
+  *) default_suite=bookworm ;;
+esac
+suite="${GPU_SANDBOX_SUITE:-$default_suite}"
 mirror="${GPU_SANDBOX_MIRROR:-http://deb.debian.org/debian}"
 root="$(cd "$(dirname "$0")/.." && pwd)"
 fixtures="$root/tests/fixtures/nvidia"

@@ -1,6 +1,10 @@
 """The collection as users get it: built and installed, run by FQCN from an unrelated folder; then,
 on the host it converged, every phase tag and every role tag of the clone's site.yml alone.
 
+Installed and run under the oldest ansible-core the collection supports (meta/runtime.yml; 2.16, what
+Automation Platform 2.5 ships), from tests/ansible_cores.py's folder; the newest runs in
+tests/integration/test_debian13.py.
+
 One fresh sandbox container serves the whole module: the installed collection's site converges
 it, a user's own playbook that applies the roles by FQCN re-checks it (nothing changes), and the
 tag runs reuse it.
@@ -17,6 +21,7 @@ import sys
 import tarfile
 from pathlib import Path
 
+import ansible_cores
 import pytest
 import yaml
 from ansible_run import latest_report
@@ -24,6 +29,7 @@ from sandbox_hosts import ROOT, STANDINS, sandbox_inventory, site, start_contain
 
 FQCN = "gpu_fleet.tf_hosts"
 BIN = Path(sys.executable).parent
+CORE = ansible_cores.OLDEST
 ROLE_TASK = re.compile(r"^TASK \[" + re.escape(FQCN) + r"\.(\w+) : (?!Validating arguments)(.*?)\]", re.MULTILINE)
 RECAP = re.compile(r"^(\S+)\s+: ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.MULTILINE)
 
@@ -67,6 +73,11 @@ OWN = {
 HOST_CHECK_TASKS = ("Gather GPU facts", "Stop this host before any change, with every problem found")
 
 
+def _ansible(tool: str) -> list[str]:
+    """``ansible-<tool>`` of the oldest supported ansible-core, run by this Python 3.11."""
+    return ansible_cores.launch(tool, str(ansible_cores.install(CORE)), python=sys.executable)
+
+
 def _run(argv: list[str], cwd: Path, env: dict[str, str], timeout: int = 1200) -> subprocess.CompletedProcess:
     return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
@@ -91,9 +102,7 @@ def installed(tmp_path_factory) -> dict:
     assert built.returncode == 0, built.stdout + built.stderr
     tarball = next(work.glob("gpu_fleet-tf_hosts-*.tar.gz"))
     target = work / "collections"
-    done = _run(
-        [str(BIN / "ansible-galaxy"), "collection", "install", "--offline", "-p", str(target), str(tarball)], work, env
-    )
+    done = _run([*_ansible("galaxy"), "collection", "install", "--offline", "-p", str(target), str(tarball)], work, env)
     assert done.returncode == 0, done.stdout + done.stderr
     env["ANSIBLE_COLLECTIONS_PATH"] = str(target)
     return {"work": work, "tarball": tarball, "env": env}
@@ -104,6 +113,12 @@ def test_the_tarball_leaves_out_tests_molecule_and_build_outputs(installed):
         tops = {name.split("/")[0] for name in archive.getnames()}
     assert {"roles", "playbooks", "plugins", "data", "files", "meta", "site.yml", "MANIFEST.json"} <= tops
     assert not tops & {"tests", "molecule", "build", "reports", "collections", ".venv", "tools", ".git"}
+
+
+def test_the_installed_collection_runs_under_the_oldest_supported_ansible_core(installed):
+    version = _run([*_ansible("playbook"), "--version"], installed["work"], installed["env"])
+    assert version.returncode == 0, version.stderr
+    assert re.search(r"core " + re.escape(CORE) + r"\.\d+", version.stdout), version.stdout
 
 
 @pytest.fixture(scope="module")
@@ -126,7 +141,7 @@ def converged(installed):
     (inventory / "group_vars" / "gpu_hosts.yml").write_text(yaml.safe_dump(group_vars))
     elsewhere = work / "elsewhere"
     elsewhere.mkdir()
-    run = _run([str(BIN / "ansible-playbook"), f"{FQCN}.site", "-i", str(inventory)], elsewhere, installed["env"])
+    run = _run([*_ansible("playbook"), f"{FQCN}.site", "-i", str(inventory)], elsewhere, installed["env"])
     yield {"name": name, "inventory": inventory, "run": run, "elsewhere": elsewhere}
     stop_container(name)
 
@@ -153,7 +168,7 @@ def test_a_users_own_playbook_applies_the_roles_by_fqcn(converged, installed):
     play = [{"name": "My GPU hosts", "hosts": "gpu_hosts", "become": True, "roles": [f"{FQCN}.{r}" for r in roles]}]
     playbook.write_text(yaml.safe_dump(play, sort_keys=False))
     run = _run(
-        [str(BIN / "ansible-playbook"), str(playbook), "-i", str(converged["inventory"])],
+        [*_ansible("playbook"), str(playbook), "-i", str(converged["inventory"])],
         converged["elsewhere"],
         installed["env"],
     )
