@@ -19,7 +19,7 @@ EE_TAG ?= gpu-fleet-tf-hosts-ee:$(VERSION)
 # The execution environment's base image (execution-environment.yml's, unless given).
 EE_BASE_IMAGE ?=
 
-.PHONY: help deps venv image standins sandbox demo demo-clean wheelhouse check lint unit sanity molecule integration test bench locks ee-context ee changelog clean
+.PHONY: help deps venv image standins sandbox demo demo-clean wheelhouse check lint unit sanity docs molecule integration test bench locks ee-context ee changelog clean
 
 help:
 	@echo "make demo        provision and verify the sandbox host, print the fleet report"
@@ -33,6 +33,7 @@ help:
 	@echo "make integration the integration tests alone (collection, bad input, interrupted, reports, air-gap, ...)"
 	@echo "make bench       timings on fresh sandbox hosts against the fleet targets (minutes; by hand)"
 	@echo "make locks       the venvs' dependency locks in data/locks/ from data/locks/targets.yml (uv, PyPI)"
+	@echo "make docs        the collection's docs site, as Ansible's docs site renders it, in build/docs/build/html"
 	@echo "make changelog   at release: the fragments into changelogs/changelog.yaml and CHANGELOG.md"
 	@echo "make ee-context  the execution environment's build context (ansible-builder create)"
 	@echo "make ee          the AWX/Automation Platform execution environment image (needs podman)"
@@ -92,6 +93,22 @@ unit: venv standins
 
 sanity: venv
 	tools/sanity.sh
+
+# The docs site (antsibull-docs sphinx-init's layout): the reStructuredText from the collection as the
+# clone's ansible.cfg finds it, then Sphinx. Links into Ansible's own docs resolve through intersphinx
+# where docs.ansible.com answers; elsewhere they stay plain text (Sphinx warns).
+DOCS := build/docs
+DOCS_VENV := build/docs-venv
+docs: venv
+	test -x $(DOCS_VENV)/bin/sphinx-build || { python3 -m venv $(DOCS_VENV) && $(DOCS_VENV)/bin/pip install -q -r requirements-docs.txt; }
+	rm -rf $(DOCS) && mkdir -p $(DOCS)
+	$(DOCS_VENV)/bin/antsibull-docs sphinx-init --use-current --dest-dir $(DOCS) gpu_fleet.tf_hosts >/dev/null
+	mkdir -p $(DOCS)/rst && chmod og-w $(DOCS)/rst
+	cd $(DOCS) && $(CURDIR)/$(DOCS_VENV)/bin/antsibull-docs --config-file antsibull-docs.cfg collection \
+	  --cleanup everything --use-current --dest-dir rst gpu_fleet.tf_hosts
+	$(DOCS_VENV)/bin/sphinx-build -M html $(DOCS)/rst $(DOCS)/build -q -c $(DOCS) 2>$(DOCS)/sphinx-warnings.txt
+	@echo "$$(grep -c WARNING $(DOCS)/sphinx-warnings.txt) Sphinx warnings (links into Ansible's own docs): $(DOCS)/sphinx-warnings.txt"
+	@echo "docs site: $(CURDIR)/$(DOCS)/build/html/index.html"
 
 SUITE := $(BIN)/python tools/test_suite.py
 
