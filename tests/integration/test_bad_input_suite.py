@@ -54,6 +54,7 @@ WHEEL_HASHES = ", ".join(
 )
 ALTERED_WHEEL = ((WHEELHOUSE / WHEEL).read_bytes() if (WHEELHOUSE / WHEEL).is_file() else b"not a wheel") + b"\n"
 OUTPUT = ROOT / "build" / "test-output" / "bad-input-suite.log"
+PROXY_SECRET = "inventory-S3cret"  # the password of a malformed proxy URL, never shown
 ERROR_PAGE = b"<!DOCTYPE html><html><body>403 Forbidden</body></html>\n"
 
 
@@ -78,6 +79,7 @@ class Case:
     expect: tuple[str, ...]
     container: str = "main"
     extra: dict = field(default_factory=dict)
+    forbid: tuple[str, ...] = ()  # text that no output of the run may hold (a password)
 
 
 CASES = [
@@ -278,6 +280,16 @@ CASES = [
         "pip_index_unreachable",
         {"tf_venv_pip_index_url": "http://127.0.0.1:9/simple/"},
         ("127.0.0.1:9", "cannot be reached from the host", "tf_venv_pip_index_url"),
+    ),
+    Case(
+        "proxy_malformed",
+        {"gpu_preflight_proxy": {"url": f"ftp://fleet:{PROXY_SECRET}@proxy.example.com:3128"}},
+        (
+            "nvidia_driver_proxy (by default gpu_preflight_proxy) url 'ftp://fleet:****@proxy.example.com:3128'",
+            "its scheme is ftp, not http or https",
+            "or leave its url empty for no proxy",
+        ),
+        forbid=(PROXY_SECRET,),
     ),
     Case(
         "lock_missing",
@@ -501,6 +513,9 @@ def _verdict(case: Case, run: dict) -> list[str]:
         wrong.append(f"it failed in play {failures[0][0]!r}, not in preflight")
     text = "\n".join(text for _, text in failures)
     wrong += [f"no {phrase!r} in its message" for phrase in case.expect if phrase not in text]
+    wrong += [
+        f"{secret!r} in the run's output" for secret in case.forbid if secret in run["out"].stdout + run["out"].stderr
+    ]
     if run["before"][case.container] != run["after"][case.container]:
         changed = sorted(set(run["after"][case.container]) ^ set(run["before"][case.container]))
         wrong.append(f"{case.container} container changed: {changed[:5]}")
