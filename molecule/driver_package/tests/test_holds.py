@@ -57,11 +57,12 @@ def test_a_lifted_hold_is_shown_under_check_and_put_back_by_the_next_run(invento
 
 REPOSITORY_TASK = "TASK [gpu_fleet.tf_hosts.nvidia_driver : Add the driver repository]"
 REPOSITORY_FILE = "/etc/apt/sources.list.d/gpu-fleet-nvidia-driver.list"
-REPOSITORY_LINE = "deb [signed-by=/etc/apt/keyrings/gpu-fleet-nvidia-driver.asc] file:/srv/gpu-standin-apt /"
+REPOSITORY_LINE = "deb [signed-by=/etc/apt/keyrings/gpu-fleet-nvidia-driver.asc] file:/srv/site-mirror /"
 
 
 def test_a_repository_to_add_is_shown_under_check_with_its_line_and_nothing_changes(inventory, tmp_path):
-    # A new pin from a managed mirror (the stand-in repository, under the name nvidia_driver gives it):
+    # A new pin from a managed mirror (a site mirror the host does not list yet; a URL that is already a
+    # source stops preflight, so not the stand-in repository):
     # `--check --diff` shows the repository file that the run would write, and writes nothing.
     key = tmp_path / "mirror-key.asc"
     key.write_text("-----BEGIN PGP PUBLIC KEY BLOCK-----\n\nstand-in\n-----END PGP PUBLIC KEY BLOCK-----\n")
@@ -72,7 +73,7 @@ def test_a_repository_to_add_is_shown_under_check_with_its_line_and_nothing_chan
     planned = run_playbook(
         "playbooks/driver.yml", inventory, "--check", "--diff",
         "-e", "nvidia_driver_version=535.104.05", "-e", "nvidia_driver_package_repository_manage=true",
-        "-e", "nvidia_driver_package_repository_url=file:/srv/gpu-standin-apt",
+        "-e", "nvidia_driver_package_repository_url=file:/srv/site-mirror",
         "-e", f"nvidia_driver_package_repository_key={key}",
     )  # fmt: skip
     assert planned.returncode == 0, planned.stdout[-4000:]
