@@ -137,7 +137,7 @@ def start_host(name: str, image: str, *options: str) -> None:
 def write_inventory(folder: Path, host: str, host_vars: dict) -> Path:
     """An inventory folder: ``host`` (a podman container) in gpu_hosts, the sandbox's group_vars."""
     folder.mkdir(parents=True, exist_ok=True)
-    hosts = {"gpu_hosts": {"hosts": {host: {"ansible_connection": "gpu_fleet.tf_hosts.podman_pipelined", **host_vars}}}}
+    hosts = {"gpu_hosts": {"hosts": {host: {"ansible_connection": "podman_pipelined", **host_vars}}}}
     (folder / "hosts.yml").write_text(json.dumps(hosts, indent=1))
     (folder / "group_vars").symlink_to(ROOT / "inventories/sandbox/group_vars")
     return folder

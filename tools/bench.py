@@ -402,7 +402,7 @@ def write_inventory(folder: Path, names: list[str]) -> Path:
     """An inventory for ``names`` that reuses the sandbox's group_vars; returns its folder."""
     inventory = folder / "inventory"
     inventory.mkdir(parents=True)
-    hosts = "".join(f"    {n}:\n      ansible_connection: gpu_fleet.tf_hosts.podman_pipelined\n" for n in names)
+    hosts = "".join(f"    {n}:\n      ansible_connection: podman_pipelined\n" for n in names)
     (inventory / "hosts.yml").write_text(f"---\ngpu_hosts:\n  hosts:\n{hosts}")
     (inventory / "group_vars").symlink_to(ROOT / "inventories/sandbox/group_vars")
     return inventory

@@ -481,7 +481,7 @@ def suite_run(tmp_path_factory):
         inventory = tmp / "inventory"
         inventory.mkdir()
         (inventory / "group_vars").symlink_to(ROOT / "inventories/sandbox/group_vars")
-        group = {"gpu_hosts": {"hosts": hosts, "vars": {"ansible_connection": "gpu_fleet.tf_hosts.podman_pipelined"}}}
+        group = {"gpu_hosts": {"hosts": hosts, "vars": {"ansible_connection": "podman_pipelined"}}}
         (inventory / "hosts.yml").write_text(yaml.safe_dump(group))
         before = {kind: _listing(name) for kind, name in containers.items() if kind != "healthy"}
         report = tmp / "reports"

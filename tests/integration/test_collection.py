@@ -98,6 +98,9 @@ def installed(tmp_path_factory) -> dict:
     work = tmp_path_factory.mktemp("collection")
     env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
     env.update(ANSIBLE_HOME=str(work / "ansible-home"), ANSIBLE_FORCE_COLOR="0", ANSIBLE_HOST_KEY_CHECKING="False")
+    # The sandbox host's connection, podman_pipelined, is the clone's and not in the tarball: a user's
+    # inventory would name containers.podman.podman instead.
+    env["ANSIBLE_CONNECTION_PLUGINS"] = str(ROOT / "tests/plugins/connection")
     built = _run([str(BIN / "ansible-galaxy"), "collection", "build", "--output-path", str(work), str(ROOT)], work, env)
     assert built.returncode == 0, built.stdout + built.stderr
     tarball = next(work.glob("gpu_fleet-tf_hosts-*.tar.gz"))
@@ -130,7 +133,7 @@ def converged(installed):
     inventory = work / "inventory"
     (inventory / "group_vars").mkdir(parents=True)
     (inventory / "hosts.yml").write_text(
-        f"gpu_hosts:\n  hosts:\n    {name}:\n      ansible_connection: gpu_fleet.tf_hosts.podman_pipelined\n"
+        f"gpu_hosts:\n  hosts:\n    {name}:\n      ansible_connection: podman_pipelined\n"
     )
     group_vars = yaml.safe_load((ROOT / "inventories/sandbox/group_vars/gpu_hosts.yml").read_text())
     group_vars.update(

@@ -39,8 +39,8 @@ def test_a_limited_run_merges_and_check_mode_writes_nothing(fresh_host, tmp_path
     other = f"gpu-limited-out-{uuid.uuid4().hex[:8]}"  # never started: only ever limited out
     (inventory / "hosts.yml").write_text(
         "gpu_hosts:\n  hosts:\n"
-        f"    {name}:\n      ansible_connection: gpu_fleet.tf_hosts.podman_pipelined\n"
-        f"    {other}:\n      ansible_connection: gpu_fleet.tf_hosts.podman_pipelined\n"
+        f"    {name}:\n      ansible_connection: podman_pipelined\n"
+        f"    {other}:\n      ansible_connection: podman_pipelined\n"
     )
     reports = tmp_path / "reports"
     _seed_previous_report(reports, other)

@@ -1,5 +1,5 @@
 """A host whose container does not exist is in the fleet report with the connection's own message
-(gpu_fleet.tf_hosts.podman_pipelined quotes podman's) and the container fix (the callback plugin gpu_fleet.tf_hosts.host_failures, enabled in ansible.cfg)."""
+(podman_pipelined quotes podman's) and the container fix (the callback plugin gpu_fleet.tf_hosts.host_failures, enabled in ansible.cfg)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ def test_missing_container_is_reported_with_ansibles_message(fresh_host, tmp_pat
     gone = f"gpu-gone-{uuid.uuid4().hex[:8]}"  # never started
     (inventory / "hosts.yml").write_text(
         "gpu_hosts:\n  hosts:\n"
-        f"    {name}:\n      ansible_connection: gpu_fleet.tf_hosts.podman_pipelined\n"
-        f"    {gone}:\n      ansible_connection: gpu_fleet.tf_hosts.podman_pipelined\n"
+        f"    {name}:\n      ansible_connection: podman_pipelined\n"
+        f"    {gone}:\n      ansible_connection: podman_pipelined\n"
     )
     reports = tmp_path / "reports"
     out = site(inventory, "--tags", "verify", "-e", f"gpu_verify_report_dir={reports}")

@@ -43,7 +43,7 @@ def inventory(folder: Path, order: list[str], drain: list[str] | None = None) ->
     count its PCI bus does not have."""
     folder.mkdir(parents=True)
     hosts = {
-        host: {"ansible_connection": "gpu_fleet.tf_hosts.podman_pipelined"}
+        host: {"ansible_connection": "podman_pipelined"}
         | ({"gpu_verify_expected_gpu_count": 4} if host == FAILING else {})
         for host in order
     }

@@ -58,7 +58,7 @@ def workdir(tmp_path_factory) -> Path:
     top = tmp_path_factory.mktemp("switch")
     inventory = top / INVENTORY
     inventory.mkdir()
-    hosts = {"gpu_hosts": {"hosts": {HOST: {"ansible_connection": "gpu_fleet.tf_hosts.podman_pipelined"}}}}
+    hosts = {"gpu_hosts": {"hosts": {HOST: {"ansible_connection": "podman_pipelined"}}}}
     (inventory / "hosts.yml").write_text(json.dumps(hosts))
     (inventory / "group_vars").symlink_to(ROOT / "inventories/sandbox/group_vars")
     (inventory / "host_vars").symlink_to(ROOT / "molecule/multi_stack/host_vars")

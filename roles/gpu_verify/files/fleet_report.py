@@ -159,7 +159,7 @@ UNREACHABLE_FIXES = {
     "`ansible -m ping {host}`) and that the host is up, then rerun",
     "paramiko": "check SSH reachability and keys (`ansible -m ping {host}`) and that the host is up, then rerun",
     **dict.fromkeys(
-        ("containers.podman.podman", "podman", "gpu_fleet.tf_hosts.podman_pipelined"),
+        ("containers.podman.podman", "podman", "podman_pipelined"),
         CONTAINER_FIX.format(tool="podman"),
     ),
     **dict.fromkeys(("community.docker.docker", "docker"), CONTAINER_FIX.format(tool="docker")),

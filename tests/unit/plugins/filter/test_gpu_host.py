@@ -718,7 +718,7 @@ def test_reboot_allowed_under_a_local_connection_stops_the_host(connection):
     [
         (False, "local", True),  # the run only asks for a reboot
         (True, "ssh", True),
-        (True, "gpu_fleet.tf_hosts.podman_pipelined", True),
+        (True, "podman_pipelined", True),
         (True, "local", False),  # a container: nvidia_driver never reboots it
     ],
 )

@@ -557,7 +557,7 @@ def test_unreachable_host_in_junit_has_one_failure_with_the_reason_the_checks_sk
         ("ssh", "check SSH reachability and keys (`ssh gpu03`"),
         ("containers.podman.podman", "check the container is running (`podman ps -a --filter name=gpu03`"),
         ("podman", "check the container is running (`podman ps -a --filter name=gpu03`"),
-        ("gpu_fleet.tf_hosts.podman_pipelined", "check the container is running (`podman ps -a --filter name=gpu03`"),
+        ("podman_pipelined", "check the container is running (`podman ps -a --filter name=gpu03`"),
         ("community.docker.docker", "check the container is running (`docker ps -a --filter name=gpu03`"),
         ("local", "the host is the controller itself (connection local)"),
         ("winrm", "check that Ansible can connect to gpu03 over its winrm connection (`ansible -m ping gpu03`)"),
