@@ -163,7 +163,7 @@ def proxied_run(tmp_path_factory):
         inventory = tmp / "inventory"
         inventory.mkdir()
         (inventory / "group_vars").symlink_to(ROOT / "inventories/sandbox/group_vars")
-        group = {"gpu_hosts": {"hosts": hosts, "vars": {"ansible_connection": "gpu_fleet.tf_hosts.podman_pipelined"}}}
+        group = {"gpu_hosts": {"hosts": hosts, "vars": {"ansible_connection": "podman_pipelined"}}}
         (inventory / "hosts.yml").write_text(yaml.safe_dump(group, sort_keys=False))
         reports = tmp / "reports"
         out = site(inventory, "-e", f"gpu_verify_report_dir={reports}", timeout=600)
