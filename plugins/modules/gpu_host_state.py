@@ -141,7 +141,6 @@ import hashlib  # noqa: E402
 import os  # noqa: E402
 import pwd  # noqa: E402
 import stat as stat_module  # noqa: E402
-import subprocess  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 
@@ -209,23 +208,21 @@ def sha1(path: str) -> str:
     return digest.hexdigest()
 
 
-def run_command(argv: list[str]) -> dict:
-    """``{rc, stdout, stderr}`` of one command, without a shell; rc 127 when it cannot be started."""
+def run_command(module: AnsibleModule, argv: list[str]) -> dict:
+    """``{rc, stdout, stderr}`` of one command, without a shell; rc 127 when it cannot be started (where
+    AnsibleModule.run_command would fail the whole module, and the other commands' answers with it)."""
     try:
-        done = subprocess.run(argv, capture_output=True, check=False)
+        rc, stdout, stderr = module.run_command(argv, errors="surrogate_then_replace", handle_exceptions=False)
     except OSError as error:
         return {"rc": 127, "stdout": "", "stderr": f"{argv[0]}: {error.strerror}"}
-    return {
-        "rc": done.returncode,
-        "stdout": done.stdout.decode("utf-8", errors="replace"),
-        "stderr": done.stderr.decode("utf-8", errors="replace"),
-    }
+    return {"rc": rc, "stdout": stdout, "stderr": stderr}
 
 
-def host_state(params: dict) -> dict:
+def host_state(module: AnsibleModule) -> dict:
     """The module's result for its parameters (stat, read, checksum, glob, run, max_bytes)."""
+    params = module.params
     return {
-        "run": {name: run_command([str(arg) for arg in argv]) for name, argv in params["run"].items()},
+        "run": {name: run_command(module, [str(arg) for arg in argv]) for name, argv in params["run"].items()},
         "stat": {path: path_stat(path) for path in params["stat"]},
         "read": {path: read_text(path, params["max_bytes"]) for path in params["read"]},
         "checksum": {path: file_sha1(path) for path in params["checksum"]},
@@ -233,18 +230,18 @@ def host_state(params: dict) -> dict:
     }
 
 
+ARGUMENT_SPEC = {
+    "stat": {"type": "list", "elements": "str", "default": []},
+    "read": {"type": "list", "elements": "str", "default": []},
+    "checksum": {"type": "list", "elements": "str", "default": []},
+    "glob": {"type": "list", "elements": "str", "default": []},
+    "run": {"type": "dict", "default": {}},
+    "max_bytes": {"type": "int", "default": 1048576},
+}
+
+
 def main() -> None:
-    module = AnsibleModule(
-        argument_spec={
-            "stat": {"type": "list", "elements": "str", "default": []},
-            "read": {"type": "list", "elements": "str", "default": []},
-            "checksum": {"type": "list", "elements": "str", "default": []},
-            "glob": {"type": "list", "elements": "str", "default": []},
-            "run": {"type": "dict", "default": {}},
-            "max_bytes": {"type": "int", "default": 1048576},
-        },
-        supports_check_mode=True,
-    )
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     params = module.params
     relative = [p for key in ("stat", "read", "checksum", "glob") for p in params[key] if not os.path.isabs(p)]
     if relative:
@@ -252,7 +249,7 @@ def main() -> None:
     bad = sorted(name for name, argv in params["run"].items() if not isinstance(argv, list) or not argv)
     if bad:
         module.fail_json(msg=f"gpu_host_state: each command of run is a non-empty argv list; not {', '.join(bad)}.")
-    module.exit_json(changed=False, **host_state(params))
+    module.exit_json(changed=False, **host_state(module))
 
 
 if __name__ == "__main__":

@@ -9,15 +9,17 @@ import os
 import pwd
 
 import pytest
+from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.testing import patch_module_args
 from ansible_collections.gpu_fleet.tf_hosts.plugins.modules import gpu_host_state
 
 
 def state(**params):
-    """gpu_host_state's result for these parameters, the others empty."""
-    return gpu_host_state.host_state(
-        {"stat": [], "read": [], "checksum": [], "glob": [], "run": {}, "max_bytes": 1024} | params
-    )
+    """gpu_host_state's result for these parameters, the others empty (through AnsibleModule, whose
+    run_command runs the commands)."""
+    with patch_module_args({"max_bytes": 1024} | params):
+        module = AnsibleModule(argument_spec=gpu_host_state.ARGUMENT_SPEC, supports_check_mode=True)
+    return gpu_host_state.host_state(module)
 
 
 @pytest.fixture
