@@ -1,6 +1,7 @@
 """Debian 13 under the newest ansible-core: a host of the Debian 13 sandbox image (Python 3.13)
 converged and verified with TensorFlow 2.20 by ansible-core 2.21 from the built tarball; a second run
-changes nothing.
+changes nothing. The same controller then runs the sandbox's own Debian 12 host (the converged
+snapshot) over SSH, Ansible's default connection: PASS, nothing changed.
 
 ansible-core 2.21 needs Python 3.12 or later, which this Debian 12 machine lacks: the controller runs
 inside the Debian 13 container (``python3 -m ansible playbook`` from tests/ansible_cores.py's folder,
@@ -20,7 +21,8 @@ from pathlib import Path
 import ansible_cores
 import pytest
 import yaml
-from sandbox_hosts import ROOT, start_container, stop_container
+from sandbox_hosts import ROOT, start_container, start_converged, stop_container
+from sandbox_hosts import STANDINS as STANDINS_12
 
 IMAGE = os.environ.get("GPU_SANDBOX_IMAGE_DEBIAN13", "localhost/gpu-sandbox-debian:13")
 STANDINS = ROOT / "build" / "standins-multi"
@@ -68,7 +70,11 @@ def host(tmp_path_factory):
     mounts = {
         str(ansible_cores.install(ansible_cores.NEWEST)): f"{ansible_cores.CONTAINER_DIR}:ro",
         str(STANDINS): "/srv/standins:ro",
+        str(STANDINS_12): "/srv/standins-12:ro",
         str(work): WORK,
+        # The controller's CA bundle is this machine's (the sandbox's tf_venv_pip_ca_bundle, copied into
+        # each venv): the snapshot's venvs hold this one.
+        "/etc/ssl/certs/ca-certificates.crt": "/etc/ssl/certs/ca-certificates.crt:ro",
     }
     options = [arg for source, target in mounts.items() for arg in ("-v", f"{source}:{target}")]
     name = start_container("gpu-debian13", *options, image=IMAGE)
@@ -81,13 +87,14 @@ def host(tmp_path_factory):
     stop_container(name)
 
 
-def _in(name: str, tool: str, *args: str, timeout: int = 1500) -> subprocess.CompletedProcess:
+def _in(name: str, tool: str, *args: str, timeout: int = 1500, env: dict | None = None) -> subprocess.CompletedProcess:
     """``python3 -m ansible <tool> <args>`` in the container, with ansible-core 2.21 and the installed collection
     (no PYTHONPATH: the local connection would pass it on to the host's Python commands)."""
     env = {
         "ANSIBLE_COLLECTIONS_PATH": f"{WORK}/collections",
         "ANSIBLE_FORCE_COLOR": "0",
         "ANSIBLE_CALLBACK_RESULT_FORMAT": "json",
+        **(env or {}),
     }
     env_args = [arg for key, value in env.items() for arg in ("-e", f"{key}={value}")]
     argv = [
@@ -153,3 +160,62 @@ def test_the_venv_runs_python_3_13(converged):
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert probe.returncode == 0 and probe.stdout.startswith("3.13."), probe.stdout + probe.stderr
+
+
+def _sh(name: str, script: str, data: str | None = None) -> str:
+    done = subprocess.run(
+        ["podman", "exec", "-i", name, "sh", "-c", script], input=data, capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, f"{script}: {done.stdout}{done.stderr}"
+    return done.stdout
+
+
+@pytest.fixture(scope="module")
+def over_ssh(host):
+    """The sandbox's Debian 12 host from the converged snapshot, with sshd (Debian's openssh-server), and an
+    inventory that reaches it from the Debian 13 controller over SSH with a key of the test's own."""
+    name = start_converged("gpu-ssh12")
+    _sh(host["name"], "apt-get -qq update && apt-get -qq install -y openssh-client >/dev/null")
+    _sh(name, "apt-get -qq update && apt-get -qq install -y openssh-server >/dev/null && mkdir -p /run/sshd /root/.ssh")
+    _sh(host["name"], f"ssh-keygen -q -t ed25519 -N '' -f {WORK}/id_ed25519")
+    _sh(
+        name,
+        "cat >/root/.ssh/authorized_keys && chmod 600 /root/.ssh/authorized_keys",
+        (host["work"] / "id_ed25519.pub").read_text(),
+    )
+    _sh(name, "/usr/sbin/sshd")
+    address = subprocess.run(
+        ["podman", "inspect", "-f", "{{.NetworkSettings.IPAddress}}", name], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    folder = host["work"] / "inventory-ssh"
+    group_vars = yaml.safe_load((ROOT / "inventories/sandbox/group_vars/gpu_hosts.yml").read_text())
+    group_vars.update(
+        gpu_artifacts_controller_dir="/srv/standins-12",
+        gpu_preflight_manifest_overlays=["/srv/standins-12/artifacts.yml"],
+        gpu_verify_report_dir=f"{WORK}/reports-ssh",
+    )
+    (folder / "group_vars").mkdir(parents=True)
+    (folder / "group_vars" / "gpu_hosts.yml").write_text(yaml.safe_dump(group_vars))
+    ssh = {"ansible_host": address, "ansible_user": "root", "ansible_ssh_private_key_file": f"{WORK}/id_ed25519"}
+    (folder / "hosts.yml").write_text(yaml.safe_dump({"gpu_hosts": {"hosts": {"sandbox12": ssh}}}))
+    run = _in(
+        host["name"],
+        "playbook",
+        "gpu_fleet.tf_hosts.site",
+        "-i",
+        f"{WORK}/inventory-ssh",
+        env={"ANSIBLE_HOST_KEY_CHECKING": "False"},
+    )
+    yield {"run": run, "work": host["work"]}
+    stop_container(name)
+
+
+def test_the_sandbox_host_over_ssh_passes_and_nothing_changes(over_ssh):
+    run = over_ssh["run"]
+    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
+    found = [m.groups()[1:] for m in RECAP.finditer(run.stdout) if m.group(1) == "sandbox12"]
+    assert found and found[-1][1:] == ("0", "0", "0"), run.stdout[-6000:]
+    report = json.loads(
+        (over_ssh["work"] / "reports-ssh" / "inventory-ssh" / "latest" / "fleet-report.json").read_text()
+    )
+    assert report["hosts"]["sandbox12"]["status"] == "PASS", json.dumps(report["hosts"]["sandbox12"])[:3000]
