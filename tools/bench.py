@@ -211,7 +211,8 @@ def index_downloads(doc: dict[str, Any]) -> int:
     count = 0
     for play in doc.get("plays", []):
         for task in play.get("tasks", []):
-            name = str(task.get("task", {}).get("name", ""))
+            # A role's task is named "<role> : <name>".
+            name = str(task.get("task", {}).get("name", "")).rpartition(" : ")[2]
             for result in task.get("hosts", {}).values():
                 if name.startswith(CONTROLLER_DOWNLOAD_TASK):
                     items = result.get("results") if isinstance(result.get("results"), list) else [result]

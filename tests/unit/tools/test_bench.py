@@ -182,7 +182,7 @@ def test_index_downloads_count_each_hosts_pip_from_an_index_and_each_controller_
                 "h2": _pip_result(True, "pip install --require-hashes --no-deps -r /v/tf-lock.txt"),
                 "h3": _pip_result(False, "pip install --require-hashes --no-deps -r /v/tf-lock.txt")}  # fmt: skip
     assert bench.index_downloads({"plays": [{"tasks": [{"task": install, "hosts": by_index}]}]}) == 2
-    download = {"name": bench.CONTROLLER_DOWNLOAD_TASK}
+    download = {"name": "gpu_fleet.tf_hosts.tf_venv : " + bench.CONTROLLER_DOWNLOAD_TASK}
     once = {"h1": {"action": "ansible.builtin.command", "results": [{"changed": True}, {"skipped": True}]}}
     no_index = {
         h: _pip_result(True, "pip install --require-hashes --no-deps --no-index --find-links /w -r x")
