@@ -24,6 +24,11 @@ Definitions:
   ``/tmp``, Ansible's remote temp folders and the health check's own output of each run (its state
   file and the textfile metrics): what the run left on the host, whoever wrote it.
 * Fit seconds: ``fit.fit_seconds`` of each verification result in the run's fleet-report.json.
+* Index downloads of a lock: lock installs whose wheels came from a pip index in the first provisioning:
+  each host's changed ``Install TensorFlow`` pip run without ``--no-index`` (``tf_venv_wheels_from:
+  index``), plus each lock the controller downloaded (``controller``). ``--wheels-from`` picks the mode
+  (default: the role's); each host count starts with an empty controller cache, so its first
+  provisioning includes the controller's download.
 
 The run takes many minutes (first provisioning installs TensorFlow in every container): it is run
 by hand (``make bench``), never by ``make test``. Results are read from Ansible's
@@ -76,6 +81,9 @@ CONTROLLER_ACTIONS = frozenset(
     }
 )
 PUSH_ACTIONS = frozenset({"copy", "template", "get_url", "unarchive", "pip", "synchronize"})
+# tf_venv's tasks that take a lock's wheels from an index: a host's pip, the controller's download.
+PIP_INSTALL_TASK = "Install TensorFlow"
+CONTROLLER_DOWNLOAD_TASK = "Download each lock's wheels once for all hosts that need them"
 
 FACTS_PLAY = """---
 - name: Gather facts only
@@ -192,6 +200,29 @@ def pushes_changed(doc: dict[str, Any]) -> int:
     return count
 
 
+def _pip_command(result: dict[str, Any]) -> str:
+    args = (result.get("invocation") or {}).get("module_args") or {}
+    return f"{result.get('cmd', '')} {args.get('extra_args') or ''}"
+
+
+def index_downloads(doc: dict[str, Any]) -> int:
+    """Lock installs that took their wheels from an index (see the module docstring): each host's
+    changed pip install of a lock without ``--no-index``, and each lock the controller downloaded."""
+    count = 0
+    for play in doc.get("plays", []):
+        for task in play.get("tasks", []):
+            # A role's task is named "<role> : <name>".
+            name = str(task.get("task", {}).get("name", "")).rpartition(" : ")[2]
+            for result in task.get("hosts", {}).values():
+                if name.startswith(CONTROLLER_DOWNLOAD_TASK):
+                    items = result.get("results") if isinstance(result.get("results"), list) else [result]
+                    count += sum(1 for item in items if isinstance(item, dict) and item.get("changed"))
+                elif name.startswith(PIP_INSTALL_TASK) and short_action(str(result.get("action", ""))) == "pip":
+                    if result.get("changed") and "--no-index" not in _pip_command(result):
+                        count += 1
+    return count
+
+
 def recap(doc: dict[str, Any]) -> dict[str, dict[str, int]]:
     """Per-host PLAY RECAP counters (ok, changed, failures, unreachable, skipped, ...)."""
     return {host: dict(stats) for host, stats in doc.get("stats", {}).items()}
@@ -265,8 +296,17 @@ def _scale_rows(small: dict[str, Any], large: dict[str, Any] | None, n: tuple[in
             _fmt(small.get("first_s")),
             _fmt(big.get("first_s")),
             _scaled(scale, first_scale),
-            "<= 2.0",
-            _verdict(first_scale, 2.0),
+            "<= 1.8",
+            _verdict(first_scale, 1.8),
+        ],
+        # Each lock's wheels fetched from an index once per fleet, whatever its size.
+        [
+            "index downloads of a lock, first provisioning",
+            _fmt(small.get("index_downloads")),
+            _fmt(big.get("index_downloads")),
+            f"wheels from {small.get('wheels_from') or '-'}",
+            "no more than 1 host's",
+            _verdict(ratio(big.get("index_downloads"), small.get("index_downloads")), 1.0),
         ],
         [
             "no-op site.yml, s",
@@ -490,20 +530,30 @@ def health_check_cost(name: str, runs: int = 3) -> dict[str, float]:
     return {key: statistics.median(sample[key] for sample in samples) for key in ("cpu_s", "wall_s")}
 
 
-def measure(count: int, work: Path, out: dict[str, Any], *, keep: bool) -> None:
+def wheel_args(work: Path, wheels_from: str | None) -> list[str]:
+    """The extra arguments of every run: the mode (none: the role's default) and an empty controller
+    cache of this host count's own."""
+    mode = ["-e", f"tf_venv_wheels_from={wheels_from}"] if wheels_from else []
+    return [*mode, "-e", f"tf_venv_wheel_cache_dir={work / 'wheel-cache'}"]
+
+
+def measure(count: int, work: Path, out: dict[str, Any], *, keep: bool, wheels_from: str | None = None) -> None:
     """All timed runs on ``count`` fresh hosts, recorded in ``out`` as they finish (a failed run
     leaves the figures before it); the hosts are removed afterwards unless ``keep``."""
     names = start_hosts(count)
     out["hosts"] = names
+    out["wheels_from"] = wheels_from or "role default"
     try:
         inventory = write_inventory(work / f"n{count}", names)
         reports = work / f"n{count}" / "reports"
         site = ROOT / "site.yml"
+        extra = wheel_args(work / f"n{count}", wheels_from)
         progress(f"{count} host(s): first provisioning")
-        out["first_s"], _ = play(site, inventory, reports)
+        out["first_s"], doc = play(site, inventory, reports, *extra)
+        out["index_downloads"] = index_downloads(doc)
         stamp(names)
         progress(f"{count} host(s): no-op site.yml")
-        out["noop_s"], doc = play(site, inventory, reports)
+        out["noop_s"], doc = play(site, inventory, reports, *extra)
         out["written_files"], out["written_bytes"], out["written_paths"] = written_since_stamp(names)
         out["noop_changed"] = sum(s.get("changed", 0) for s in recap(doc).values())
         trips = round_trips_by_task(doc)
@@ -515,7 +565,7 @@ def measure(count: int, work: Path, out: dict[str, Any], *, keep: bool) -> None:
         progress(f"{count} host(s): the health check, 3 runs")
         out["health"] = health_check_cost(names[0])
         progress(f"{count} host(s): no-op --skip-tags verify")
-        out["noop_prov_s"], _ = play(site, inventory, reports, "--skip-tags", "verify")
+        out["noop_prov_s"], _ = play(site, inventory, reports, "--skip-tags", "verify", *extra)
         progress(f"{count} host(s): fact-gathering play x3")
         facts = work / "facts.yml"
         facts.write_text(FACTS_PLAY)
@@ -537,6 +587,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="1 host only (same as --hosts 1)")
     parser.add_argument("--keep", action="store_true", help="leave the containers running afterwards")
     parser.add_argument("--json", type=Path, help="also write the measurements to this file")
+    parser.add_argument(
+        "--wheels-from",
+        choices=["index", "controller"],
+        help="tf_venv_wheels_from for every run (default: the role's default)",
+    )
     args = parser.parse_args(argv)
     try:
         args.counts = [1] if args.quick else sorted({int(x) for x in args.hosts.split(",") if x.strip()})
@@ -570,7 +625,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             for count in args.counts:
                 runs[count] = {}
-                measure(count, Path(tmp), runs[count], keep=args.keep)
+                measure(count, Path(tmp), runs[count], keep=args.keep, wheels_from=args.wheels_from)
         except (RuntimeError, OSError, ValueError, subprocess.SubprocessError) as error:
             print(f"bench: {error} (the table shows what was measured before)", file=sys.stderr)
             status = 1

@@ -5,7 +5,7 @@
 problem (cause and fix) that stops the host in preflight.
 ``gpu_lock_drift``: a lock's text and a venv's ``{name: version}`` -> what differs.
 ``gpu_lock_wheelhouse``: a lock's text and the wheelhouse's hashed files -> the wheels that are a pinned
-release but not the locked file.
+release but not the locked file (with ``complete``, also each pin no wheel there is the locked file of).
 
 Each is documented in plugins/filter/<name>.yml.
 """
@@ -21,6 +21,7 @@ from ansible_collections.gpu_fleet.tf_hosts.plugins.module_utils.gpu_lock import
     lock_file_name,
     python_series,
     unlocked_requirements,
+    wheelhouse_missing,
     wheelhouse_problems,
 )
 
@@ -100,12 +101,16 @@ def gpu_lock_drift(lock_text: str, installed: dict[str, str] | None) -> dict[str
     return lock_drift(lock_text, installed or {})
 
 
-def gpu_lock_wheelhouse(lock_text: str, wheels: list[dict[str, Any]] | None) -> list[str]:
+def gpu_lock_wheelhouse(lock_text: str, wheels: list[dict[str, Any]] | None, complete: bool = False) -> list[str]:
     """``{{ lock_text | gpu_fleet.tf_hosts.gpu_lock_wheelhouse(query('gpu_fleet.tf_hosts.artifact_sha256', ...)) }}``:
-    see ``wheelhouse_problems``; ``wheels`` are the lookup's ``{path, checksum}`` entries."""
-    return wheelhouse_problems(
-        lock_text or "", {posixpath.basename(w["path"]): w.get("checksum") or "" for w in wheels or []}
-    )
+    see ``wheelhouse_problems``; ``wheels`` are the lookup's ``{path, checksum}`` entries. With
+    ``complete``, each pin that no wheel is the locked file of follows (``wheelhouse_missing``): an
+    empty list then means the folder holds the whole lock."""
+    found = {posixpath.basename(w["path"]): w.get("checksum") or "" for w in wheels or []}
+    problems = wheelhouse_problems(lock_text or "", found)
+    if complete:
+        problems += [f"no locked wheel of {pin}" for pin in wheelhouse_missing(lock_text or "", found)]
+    return problems
 
 
 class FilterModule:

@@ -138,6 +138,22 @@ def wheelhouse_problems(text: str, wheels: Mapping[str, str]) -> list[str]:
     return problems
 
 
+def wheelhouse_missing(text: str, wheels: Mapping[str, str]) -> list[str]:
+    """The pins of a lock (``name==version``, sorted) that no wheel of a wheelhouse (``{file name:
+    sha256}``) is a locked file of: what ``pip install --no-index --require-hashes`` would not find
+    there. A folder with none of these and no :func:`wheelhouse_problems` holds the whole lock."""
+    held: set[str] = set()
+    pins = lock_hashes(text)
+    for name, digest in wheels.items():
+        match = _WHEEL.match(name)
+        if match:
+            key = normalize_name(match.group("name"))
+            version, digests = pins.get(key, (None, frozenset()))
+            if version == match.group("version") and str(digest).lower() in digests:
+                held.add(key)
+    return [f"{name}=={pins[name][0]}" for name in sorted(set(pins) - held)]
+
+
 def _pins(lock: object) -> dict[str, str]:
     """A lock given as its text or as parsed pins."""
     if isinstance(lock, Mapping):

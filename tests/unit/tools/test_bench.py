@@ -108,7 +108,7 @@ def test_fit_seconds_from_fleet_report():
 def test_table_with_todays_figures_names_every_gap():
     rows = bench.table_rows(TODAY)
     assert rows[0][:3] == ["measure", "1 host(s)", "4 hosts"]
-    assert row(rows, "first provisioning")[3:] == ["4v1 2.36", "<= 2.0", "not met"]
+    assert row(rows, "first provisioning")[3:] == ["4v1 2.36", "<= 1.8", "not met"]
     assert row(rows, "no-op provisioning / facts")[1] == "16.1x"
     assert row(rows, "no-op provisioning / facts")[-1] == "not met"
     assert row(rows, "no-op site.yml / facts")[1] == "25.3x"
@@ -131,8 +131,8 @@ def test_provisioning_noop_scales_against_the_facts_ratio_without_a_target_of_it
 
 def test_table_with_targets_met_and_a_byte_written():
     good = {n: dict(r) for n, r in TODAY.items()}
-    good[1].update(noop_s=20.0, noop_prov_s=12.0, round_trips=18)
-    good[4].update(noop_s=33.0, first_s=400.0, round_trips=18, written_bytes=1)
+    good[1].update(noop_s=20.0, noop_prov_s=12.0, round_trips=18, index_downloads=1)
+    good[4].update(noop_s=33.0, first_s=400.0, round_trips=18, written_bytes=1, index_downloads=1)
     rows = bench.table_rows(good)
     verdicts = {r[0]: r[-1] for r in rows[1:] if r[-1]}
     assert verdicts.pop("second run: bytes written on host") == "not met"
@@ -153,7 +153,7 @@ def test_one_host_count_leaves_scaling_unmeasured():
     assert set(rule) == {"-", " "}
     # Columns line up: each cell starts where its header does.
     assert first.index("235.0") == header.index("1 host(s)")
-    assert first.index("<= 2.0") == header.index("target")
+    assert first.index("<= 1.8") == header.index("target")
 
 
 def test_arguments():
@@ -170,3 +170,38 @@ def test_a_bench_stopped_half_way_still_renders_what_it_measured():
     assert row(rows, "first provisioning")[1:3] == ["240.0", "-"]
     assert {r[-1] for r in rows[1:] if r[-1]} == {"not measured"}
     assert "240.0" in bench.render(rows)
+
+
+def _pip_result(changed: bool, cmd: str) -> dict:
+    return {"action": "ansible.builtin.pip", "changed": changed, "cmd": cmd}
+
+
+def test_index_downloads_count_each_hosts_pip_from_an_index_and_each_controller_download():
+    install = {"name": "Install TensorFlow 2.12.1"}
+    by_index = {"h1": _pip_result(True, "pip install --require-hashes --no-deps -r /v/tf-lock.txt"),
+                "h2": _pip_result(True, "pip install --require-hashes --no-deps -r /v/tf-lock.txt"),
+                "h3": _pip_result(False, "pip install --require-hashes --no-deps -r /v/tf-lock.txt")}  # fmt: skip
+    assert bench.index_downloads({"plays": [{"tasks": [{"task": install, "hosts": by_index}]}]}) == 2
+    download = {"name": "gpu_fleet.tf_hosts.tf_venv : " + bench.CONTROLLER_DOWNLOAD_TASK}
+    once = {"h1": {"action": "ansible.builtin.command", "results": [{"changed": True}, {"skipped": True}]}}
+    no_index = {
+        h: _pip_result(True, "pip install --require-hashes --no-deps --no-index --find-links /w -r x")
+        for h in ("h1", "h2")
+    }
+    doc = {"plays": [{"tasks": [{"task": download, "hosts": once}, {"task": install, "hosts": no_index}]}]}
+    assert bench.index_downloads(doc) == 1
+
+
+def test_the_index_downloads_row_says_whether_they_grow_with_the_fleet():
+    runs = {1: dict(TODAY[1], index_downloads=1, wheels_from="index"), 4: dict(TODAY[4], index_downloads=4)}
+    assert row(bench.table_rows(runs), "index downloads")[1:] == [
+        "1",
+        "4",
+        "wheels from index",
+        "no more than 1 host's",
+        "not met",
+    ]
+    runs = {1: dict(TODAY[1], index_downloads=1, wheels_from="controller"), 4: dict(TODAY[4], index_downloads=1)}
+    assert row(bench.table_rows(runs), "index downloads")[-1] == "met"
+    assert bench.wheel_args(Path("/w"), None) == ["-e", "tf_venv_wheel_cache_dir=/w/wheel-cache"]
+    assert bench.wheel_args(Path("/w"), "controller")[:2] == ["-e", "tf_venv_wheels_from=controller"]

@@ -239,3 +239,34 @@ def test_the_filter_takes_the_lookups_entries(tmp_path):
     found = [{"path": f"{tmp_path}/six-1.17.0-py2.py3-none-any.whl", "exists": True, "checksum": "0" * 64}]
     assert lock_filters.gpu_lock_wheelhouse(WHEEL_LOCK, found)[0].startswith("six-1.17.0-py2.py3-none-any.whl is not")
     assert lock_filters.gpu_lock_wheelhouse(WHEEL_LOCK, []) == []
+
+
+# --- a folder that holds the whole lock (tf_venv's controller cache, tf_venv_wheels_from: controller) -------
+
+
+def test_a_folder_with_every_locked_wheel_misses_nothing():
+    wheels = {
+        "six-1.17.0-py2.py3-none-any.whl": SIX_SHA,
+        "numpy-1.24.3-cp311-cp311-manylinux_2_17_x86_64.manylinux2014_x86_64.whl": NUMPY_SHA,
+        "requests-2.32.3-py3-none-any.whl": "e" * 64,  # another lock's
+    }
+    assert gpu_lock.wheelhouse_missing(WHEEL_LOCK, wheels) == []
+
+
+def test_a_pin_without_its_locked_wheel_is_missing():
+    # numpy's wheel of another release, six's of the pinned release but altered: neither holds its pin
+    wheels = {"numpy-1.26.4-cp311-cp311-linux_x86_64.whl": NUMPY_SHA, "six-1.17.0-py2.py3-none-any.whl": "0" * 64}
+    assert gpu_lock.wheelhouse_missing(WHEEL_LOCK, wheels) == ["numpy==1.24.3", "six==1.17.0"]
+    assert gpu_lock.wheelhouse_missing(WHEEL_LOCK, {}) == ["numpy==1.24.3", "six==1.17.0"]
+
+
+def test_the_filter_names_missing_pins_only_when_asked_for_the_whole_lock(tmp_path):
+    found = [{"path": f"{tmp_path}/six-1.17.0-py2.py3-none-any.whl", "exists": True, "checksum": "0" * 64}]
+    assert len(lock_filters.gpu_lock_wheelhouse(WHEEL_LOCK, found)) == 1
+    whole = lock_filters.gpu_lock_wheelhouse(WHEEL_LOCK, found, complete=True)
+    assert whole[0].startswith("six-1.17.0-py2.py3-none-any.whl is not")
+    assert whole[1:] == ["no locked wheel of numpy==1.24.3", "no locked wheel of six==1.17.0"]
+    assert lock_filters.gpu_lock_wheelhouse(WHEEL_LOCK, [], complete=True) == [
+        "no locked wheel of numpy==1.24.3",
+        "no locked wheel of six==1.17.0",
+    ]
