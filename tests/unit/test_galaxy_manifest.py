@@ -25,7 +25,13 @@ STRAY = [
 ]
 # Tracked files the collection does not need: the clone's tools, tests and configuration.
 CLONE_ONLY = ("tests/", "molecule/", "tools/", ".", "Makefile", "ansible.cfg", "inventories/sandbox/", "collections")
-CLONE_ONLY_FILES = {"galaxy.yml", "execution-environment.yml", "pyproject.toml", "requirements.txt"}
+CLONE_ONLY_FILES = {
+    "galaxy.yml",
+    "execution-environment.yml",
+    "pyproject.toml",
+    "requirements.txt",
+    "requirements-docs.txt",
+}
 
 
 def tracked() -> list[str]:
