@@ -29,7 +29,7 @@ PINS = ("absl-py", "astunparse", "six", "wheel")
 VENV = "/opt/tensorflow/2.12"
 RECAP = re.compile(r"^(\S+)\s+: ok=\d+\s+changed=(\d+)", re.MULTILINE)
 DOWNLOAD_TASK = "TASK [gpu_fleet.tf_hosts.tf_venv : Download each lock's wheels once for all hosts that need them]"
-COPY_TASK = "TASK [gpu_fleet.tf_hosts.tf_venv : Copy the wheelhouse to the host]"
+UNPACK_TASK = "TASK [gpu_fleet.tf_hosts.tf_venv : Unpack on the host the controller's wheels of "
 
 
 def small_lock(folder: Path) -> Path:
@@ -112,6 +112,9 @@ def test_the_controller_fetches_a_lock_once_and_pushes_it_only_where_needed(two_
     digest = hashlib.sha256(lock.read_bytes()).hexdigest()
     wheels = cache_files(cache)
     assert sorted(Path(w).parent.as_posix() for w in wheels) == [f"{digest}/cp311-x86_64"] * len(PINS)
+    archive = cache / digest / "cp311-x86_64.tar"
+    assert archive.is_file(), "the wheels were not packed for the hosts"
+    packed = archive.stat().st_mtime_ns
     for name in names:
         assert podman(name, "cat", f"{VENV}/tf-lock.sha256").stdout == f"{digest}  tf-lock.txt\n"
         versions = podman(name, f"{VENV}/bin/python", "-c", "import absl, astunparse, six; print('ok')")
@@ -123,14 +126,14 @@ def test_the_controller_fetches_a_lock_once_and_pushes_it_only_where_needed(two_
     assert again.returncode == 0, again.stdout[-4000:]
     assert sorted(RECAP.findall(again.stdout)) == sorted((n, "0") for n in names)
     assert DOWNLOAD_TASK not in again.stdout
-    assert cache_files(cache) == wheels
+    assert cache_files(cache) == wheels and archive.stat().st_mtime_ns == packed
 
     # One venv off its lock: the cache serves it without a download, and only that host gets the wheels.
     assert podman(names[1], "rm", f"{VENV}/tf-lock.sha256").returncode == 0
     rebuild = run()
     assert rebuild.returncode == 0, rebuild.stdout[-4000:]
     assert "changed: [" not in section(rebuild.stdout, DOWNLOAD_TASK)
-    copy = section(rebuild.stdout, COPY_TASK)
-    assert f"changed: [{names[1]}]" in copy and f"skipping: [{names[0]}]" in copy, copy
+    unpack = section(rebuild.stdout, UNPACK_TASK)
+    assert f"changed: [{names[1]}]" in unpack and f"skipping: [{names[0]}]" in unpack, unpack
     assert dict(RECAP.findall(rebuild.stdout))[names[0]] == "0"
-    assert cache_files(cache) == wheels
+    assert cache_files(cache) == wheels and archive.stat().st_mtime_ns == packed
