@@ -86,7 +86,7 @@ lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/antsibull-changelog lint
-	cd collections/ansible_collections/gpu_fleet/tf_hosts && $(BIN)/antsibull-docs lint-collection-docs --plugin-docs .
+	tools/lint-collection-docs.sh
 
 unit: venv standins
 	$(BIN)/pytest -q $(PYTEST_UNIT)
