@@ -282,6 +282,12 @@ CASES = [
         ("127.0.0.1:9", "cannot be reached from the host", "tf_venv_pip_index_url"),
     ),
     Case(
+        "pip_index_without_scheme",
+        {"tf_venv_pip_index_url": f"fleet:{PROXY_SECRET}@pypi.example.com/simple"},
+        ("The pip index URL pypi.example.com/simple (tf_venv_pip_index_url", "no http:// or https:// scheme"),
+        forbid=(PROXY_SECRET,),
+    ),
+    Case(
         "proxy_malformed",
         {"gpu_preflight_proxy": {"url": f"ftp://fleet:{PROXY_SECRET}@proxy.example.com:3128"}},
         (
