@@ -70,7 +70,7 @@ def two_hosts(tmp_path):
     names = [start_container("gpu-wheels", wheelhouse=False) for _ in range(2)]
     inventory = tmp_path / "inventory"
     inventory.mkdir()
-    hosts = {n: {"ansible_connection": "gpu_fleet.tf_hosts.podman_pipelined"} for n in names}
+    hosts = {n: {"ansible_connection": "podman_pipelined"} for n in names}
     (inventory / "hosts.yml").write_text(json.dumps({"gpu_hosts": {"hosts": hosts}}))
     (inventory / "group_vars").symlink_to(ROOT / "inventories/sandbox/group_vars")
     yield names, inventory
