@@ -246,6 +246,8 @@ def test_the_tls_check_passes_safe_forms(tmp_path):
 # print (arguments, messages, names, vars) either has no_log, or strips the userinfo right there.
 CREDENTIAL = re.compile(r"\b(gpu_artifacts_mirror_(?:url|username|password)|tf_venv_pip_(?:extra_)?index_urls?)\b")
 REDACT = "regex_replace('(?<=://)[^/@]*@', '')"
+# The same cut over a list of URLs, also for a URL written without its scheme (user:password@host/...).
+REDACT_EACH = "map('regex_replace', '^((?:[a-z][a-z0-9+.-]*://)?)[^/@]*@', '\\1')"
 NOT_PRINTED = {"when", "that", "until", "changed_when", "failed_when", "no_log"}
 JINJA = re.compile(r"\{\{.*?\}\}|\{%.*?%\}", re.DOTALL)
 
@@ -271,7 +273,7 @@ def exposed_credentials(task: dict) -> list[str]:
     for text in printable_strings(task):
         for expression in JINJA.findall(text):
             for match in CREDENTIAL.finditer(expression):
-                if REDACT not in expression[match.end() :]:
+                if not any(cut in expression[match.end() :] for cut in (REDACT, REDACT_EACH)):
                     found.append(match.group(1))
     return found
 
@@ -292,5 +294,7 @@ def test_the_credential_check_catches_a_printed_credential():
     assert exposed_credentials({**printed, "no_log": True}) == []
     cut = {"ansible.builtin.debug": {"msg": "index {{ tf_venv_pip_index_url | " + REDACT + " }}"}}
     assert exposed_credentials(cut) == []
+    each = {"ansible.builtin.debug": {"msg": "{{ [tf_venv_pip_index_url] | " + REDACT_EACH + " | list }}"}}
+    assert exposed_credentials(each) == []
     named_only = {"ansible.builtin.assert": {"that": "{{ gpu_artifacts_mirror_password }}", "fail_msg": "set it"}}
     assert exposed_credentials(named_only) == []
