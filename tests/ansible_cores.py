@@ -54,13 +54,6 @@ def install(line: str) -> Path:
     return folder
 
 
-def environment(line: str, base: dict[str, str] | None = None) -> dict[str, str]:
-    """``base`` (default: this process's environment) with PYTHONPATH set to the line's folder."""
-    env = dict(os.environ if base is None else base)
-    env["PYTHONPATH"] = str(install(line))
-    return env
-
-
 def launch(tool: str, folder: str, python: str = "python3") -> list[str]:
     """``ansible-<tool>`` (playbook, galaxy, test, ...) as ``<python> -m ansible <tool>`` with ``folder``
     (a line's install, as the machine that runs it sees it) first on ``sys.path``."""
