@@ -1093,6 +1093,17 @@ def resolve_stacks(pins: list[dict], matrix: dict, manifest: dict, host: dict, d
     }
 
 
+def stacks_unresolved(role: str) -> str:
+    """Why ``role`` stops when no earlier task of the run published the resolved stacks, and the fix."""
+    return (
+        f"{role} reads the pinned stacks that gpu_preflight resolves (gpu_preflight_resolved_stacks), and no "
+        "earlier task of this run published them. Run gpu_fleet.tf_hosts.gpu_preflight before it in the play: "
+        "its main entry point (the checks), or its entry point `stacks` as an include_role task with "
+        "tasks_from: stacks (the collection's playbooks do this in playbooks/tasks/stacks.yml). With --tags, "
+        "give that task the tag `always`."
+    )
+
+
 def serve_default(stacks: list[dict], current: str = "") -> dict:
     """Which stack a host's default pointers serve in this run, and which switch waits.
 
@@ -1163,4 +1174,5 @@ class FilterModule:
             "cudnn_header_version": cudnn_header_version,
             "gpu_tf_requirement": tf_requirement,
             "gpu_stacks_serve": serve_default,
+            "gpu_stacks_unresolved": stacks_unresolved,
         }

@@ -1110,3 +1110,10 @@ def test_a_held_back_declared_default_leaves_nothing_pending():
     held = [s for s in waiting["stacks"] if s["name"] != "tf2.12-b"]
     result = gpu_stack.serve_default(held, "tf2.12")
     assert (result["default"]["name"], result["pending"]) == ("tf2.12", None)
+
+
+def test_a_role_that_runs_before_the_stacks_are_resolved_names_the_cause_and_the_fix():
+    message = gpu_stack.FilterModule().filters()["gpu_stacks_unresolved"]("cudnn")
+    assert message.startswith("cudnn reads the pinned stacks")
+    assert "gpu_preflight_resolved_stacks" in message
+    assert "tasks_from: stacks" in message and "`always`" in message
