@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Benchmark fleet (re)provisioning on sandbox hosts and print one table against issue 10's targets.
+"""Benchmark fleet (re)provisioning on sandbox hosts and print one table against the fleet targets.
 
 Each host count (``--hosts 1,4``) gets fresh containers from the sandbox image and an inventory
 like the integration tests' (the sandbox group_vars), then, timed from the controller:

@@ -1,4 +1,4 @@
-"""Check mode as a plan (issue 10, item 3): what a run would change, per host and phase.
+"""Check mode as a plan: what a run would change, per host and phase.
 
 Each provisioning role publishes what it found against its pins, whether or not the run is in check
 mode, as ``<role>_plan``: ``{subject: {"change": bool, "text": str}}``, keyed so that running the

@@ -997,7 +997,7 @@ def _check_shared_tree(stack: dict, other: dict) -> list[Problem]:
 
 def _unify_cudnn(stacks: list[dict]) -> tuple[list[dict], list[Problem]]:
     """Stacks that share a toolkit tree share the cuDNN copied into it: when their cuDNN pins differ
-    within one major, every one of them gets the highest (issue 12, item 1), with a warning. Pins of
+    within one major, every one of them gets the highest, with a warning. Pins of
     different majors stay as they are, for :func:`_check_shared_tree` to refuse."""
     groups: dict[str, list[int]] = {}
     for index, stack in enumerate(stacks):
@@ -1108,7 +1108,7 @@ def serve_default(stacks: list[dict], current: str = "") -> dict:
     """Which stack a host's default pointers serve in this run, and which switch waits.
 
     ``/usr/local/cuda``, ``PATH`` and the system library path move to a newly declared default only
-    after it passed verification on the host (issue 12, item 4): until then they keep serving the
+    after it passed verification on the host: until then they keep serving the
     host's current default, when that is one of the present stacks.
 
     Args:

@@ -1,4 +1,4 @@
-"""Interrupted runs (issue 13, item 5): runs killed at ten points, then run again, on one fresh host.
+"""Interrupted runs: runs killed at ten points, then run again, on one fresh host.
 
 Every kill is a SIGKILL of the run's process group and of every process below it. Podman's
 ``exec``, unlike an ssh session, leaves the command it started running in the container when its

@@ -1,4 +1,4 @@
-"""Reports keep history and merge (issue 10, item 4): a `--limit` run writes a new run folder,
+"""Reports keep history and merge: a `--limit` run writes a new run folder,
 points `latest` at it and keeps the hosts it did not verify with their last result, never as a
 pass; `--check` writes nothing on the controller.
 

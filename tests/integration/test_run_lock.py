@@ -1,4 +1,4 @@
-"""The run lock on a converged host (issue 26, item 1): two site.yml runs started together, and a run
+"""The run lock on a converged host: two site.yml runs started together, and a run
 killed while it holds the lock, then run again.
 
 A run killed (SIGKILL of its process group, as test_interrupted.py kills) once it holds the lock

@@ -4,6 +4,8 @@
   variables, no role notifies another role's handler, and no plugin reads a role's private names.
 - One supported-OS list (data/supported_os.yml) that role metadata and the README agree with.
 - No product function longer than a screen (60 lines).
+- No code comment names one of this project's issues: comments say why (a public tracker's issue, named
+  with its repository or URL, is a source and may be cited).
 """
 
 from __future__ import annotations
@@ -151,3 +153,45 @@ def long_functions(folder: Path) -> list[str]:
 @pytest.mark.parametrize("folder", PRODUCT_PYTHON)
 def test_no_product_function_is_longer_than_a_screen(folder):
     assert not long_functions(ROOT / folder)
+
+
+# "issue 12", "Issue 12, item 4", "issue #12": this project's tracker, which a reader of the code cannot open.
+# A public one is cited as "<owner>/<repo> issue #N" or by URL, and is left alone.
+OWN_ISSUE = re.compile(r"\bissues? #?\d+", re.IGNORECASE)
+CODE_FOLDERS = ["roles", "plugins", "playbooks", "files", "tools", "tests", "molecule", "inventories", ".ci"]
+CODE_SUFFIXES = {".py", ".yml", ".yaml", ".j2", ".sh", ".cfg"}
+
+
+def own_issue_mentions(text: str) -> list[str]:
+    """The places in ``text`` that name an issue of this project rather than cite a public one."""
+    found = []
+    for line in text.splitlines():
+        for match in OWN_ISSUE.finditer(line):
+            before = line[: match.start()].rstrip()
+            if "github.com" in line or re.search(r"[\w.-]+/[\w.-]+$", before):
+                continue
+            found.append(line.strip())
+    return found
+
+
+def test_the_issue_rule_tells_a_project_issue_from_a_public_citation():
+    assert own_issue_mentions("# the two stacks of issue 12: TF 2.12 and 2.18")
+    assert own_issue_mentions('"""Interrupted runs (Issue 13, item 5): ..."""')
+    assert not own_issue_mentions("# quoted in tensorflow/tensorflow issue #62626, where")
+    assert not own_issue_mentions("# https://github.com/ansible/ansible/issues/18131")
+
+
+def test_no_comment_names_a_project_issue():
+    this = Path(__file__).resolve()
+    found = [
+        f"{path.relative_to(ROOT)}: {line}"
+        for folder in CODE_FOLDERS
+        for path in sorted((ROOT / folder).rglob("*"))
+        if path.is_file()
+        and path.suffix in CODE_SUFFIXES
+        and path.resolve() != this
+        and ".venv" not in path.parts
+        and "__pycache__" not in path.parts
+        for line in own_issue_mentions(path.read_text(encoding="utf-8", errors="replace"))
+    ]
+    assert found == [], "say why instead of naming an issue number:\n" + "\n".join(found)

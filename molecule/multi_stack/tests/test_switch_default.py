@@ -1,4 +1,4 @@
-"""Switching the default stack (issue 12, item 4), after test_multi_stack.py, on the same host.
+"""Switching the default stack, after test_multi_stack.py, on the same host.
 
 Each step runs the real site.yml with tf2.18 declared the default (the host serves tf2.12):
 

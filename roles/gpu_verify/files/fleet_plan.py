@@ -1,5 +1,5 @@
 """Write the plan of a ``--check`` run (runs on the controller): what a real run would change, one
-line per host and phase (issue 10, item 3).
+line per host and phase.
 
 Input (``--input FILE`` or ``-`` for stdin): the ``gpu_plan_collect`` filter's result, ``{host:
 {"phases": [{"phase", "change", "line"}], "changes": n, "failed": bool}}``.

@@ -1067,7 +1067,7 @@ def test_the_current_default_cannot_go_in_the_run_that_switches_away_from_it():
     assert resolve([dict(KEEP, state="absent"), other], default="new", current_default="new")["ok"]
 
 
-# --- which stack the default pointers serve (issue 12, item 4) --------------------------------------
+# --- which stack the default pointers serve --------------------------------------------------
 
 SECOND = {"name": "tf2.12-b", "tensorflow": "2.12", "cuda": "11.8", "cudnn": "8.6", "venv": "/srv/b"}
 
