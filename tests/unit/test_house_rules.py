@@ -3,7 +3,7 @@
 - Roles meet only through published outputs: no role names another role's private (``__``)
   variables, no role notifies another role's handler, and no plugin reads a role's private names.
 - One supported-OS list (data/supported_os.yml) that role metadata and the README agree with.
-- No product function longer than a screen (60 lines).
+- No product or tool function longer than a screen (60 lines).
 - No code comment names one of this project's issues: comments say why (a public tracker's issue, named
   with its repository or URL, is a source and may be cited).
 """
@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 ROLES = sorted(p.name for p in (ROOT / "roles").iterdir() if p.is_dir())
 PRIVATE = re.compile(r"\b__([a-z][a-z0-9_]*)")
 MAX_FUNCTION_LINES = 60
-PRODUCT_PYTHON = ["plugins", "files/verify", "files/health", "roles"]
+PRODUCT_PYTHON = ["plugins", "files/verify", "files/health", "roles", "tools"]
 
 
 def owner(private_name: str) -> str | None:
