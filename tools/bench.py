@@ -5,7 +5,8 @@ Each host count (``--hosts 1,4``) gets fresh containers from the sandbox image a
 like the integration tests' (the sandbox group_vars), then, timed from the controller:
 
 1. ``site.yml`` on the bare hosts (first provisioning);
-2. ``site.yml`` again (the no-op; its changed count, module round trips and host writes);
+2. ``site.yml`` again (the no-op; its changed count, module round trips, task headers, controller CPU
+   seconds per host (ansible-playbook and every process it started) and host writes);
 3. ``site.yml --skip-tags verify`` (the no-op provisioning plays);
 4. a play that only gathers facts (the floor: median of 3 runs);
 5. on the first converged host, ``gpu-health`` as its timer runs it (median CPU and wall seconds of 3).
@@ -43,6 +44,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -360,6 +362,22 @@ def _host_rows(small: dict[str, Any], large: dict[str, Any] | None) -> list[list
             "<= 20",
             _verdict(None if worst is None else float(worst), 20.0),
         ],
+        [
+            "controller CPU s per host, no-op",
+            _fmt(small.get("noop_cpu_s")),
+            _fmt(big.get("noop_cpu_s")),
+            "",
+            "<= 5",
+            _verdict(small.get("noop_cpu_s"), 5.0),
+        ],
+        [
+            "task headers, no-op",
+            _fmt(small.get("noop_headers")),
+            _fmt(big.get("noop_headers")),
+            "",
+            "<= 90",
+            _verdict(None if small.get("noop_headers") is None else float(small["noop_headers"]), 90.0),
+        ],
         ["second run: changed", _fmt(small.get("noop_changed")), _fmt(big.get("noop_changed")), "", "0", ""],
         ["second run: content pushes changed", _fmt(small.get("pushes")), _fmt(big.get("pushes")), "", "0", ""],
         [
@@ -466,7 +484,7 @@ def play(playbook: Path, inventory: Path, reports: Path, *extra: str) -> tuple[f
         f"gpu_verify_report_dir={reports}",
         *extra,
     ]
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), _children_cpu()
     done = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=ROOT, timeout=3600, check=False)
     seconds = time.perf_counter() - started
     try:
@@ -478,7 +496,21 @@ def play(playbook: Path, inventory: Path, reports: Path, *extra: str) -> tuple[f
             f"{playbook.name} {' '.join(extra)} failed on {', '.join(failed)}; rerun with --keep "
             f"and `ansible-playbook {playbook} -i {inventory}` to see why"
         )
+    doc["controller_cpu_s"] = _children_cpu() - cpu
     return seconds, doc
+
+
+def _children_cpu() -> float:
+    """User and system CPU seconds of this process's finished children (ansible-playbook, its workers
+    and the connection processes they started)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def task_headers(doc: dict[str, Any]) -> int:
+    """The tasks a run printed a header for (included files' and skipped tasks too; ``Gathering Facts``
+    counts): the tasks of every play in an ansible.posix.json document."""
+    return sum(len(play_doc.get("tasks", [])) for play_doc in doc.get("plays", []))
 
 
 def latest_report(reports: Path) -> dict[str, Any]:
@@ -561,6 +593,7 @@ def measure(count: int, work: Path, out: dict[str, Any], *, keep: bool, wheels_f
         out["round_trips"] = sum(trips[busiest].values())
         out["round_trip_tasks"] = {"host": busiest, "tasks": trips[busiest]}  # for --json: where they go
         out["pushes"] = pushes_changed(doc)
+        out["noop_cpu_s"], out["noop_headers"] = doc["controller_cpu_s"] / count, task_headers(doc)
         out["fit_s"] = fit_seconds(latest_report(reports))
         progress(f"{count} host(s): the health check, 3 runs")
         out["health"] = health_check_cost(names[0])

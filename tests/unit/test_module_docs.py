@@ -73,6 +73,7 @@ def test_ansible_doc_renders_collection_path_lookup():
     [
         ("host_failures", ("gpu_verify_unreachable_reason", "callbacks_enabled")),
         ("progress", ("still running after", "callbacks_enabled")),
+        ("preload", ("forked", "callbacks_enabled")),
     ],
 )
 def test_ansible_doc_renders_the_callbacks(name, texts):

@@ -131,12 +131,27 @@ def test_provisioning_noop_scales_against_the_facts_ratio_without_a_target_of_it
 
 def test_table_with_targets_met_and_a_byte_written():
     good = {n: dict(r) for n, r in TODAY.items()}
-    good[1].update(noop_s=20.0, noop_prov_s=12.0, round_trips=18, index_downloads=1)
+    good[1].update(noop_s=20.0, noop_prov_s=12.0, round_trips=18, index_downloads=1, noop_cpu_s=4.5, noop_headers=88)
     good[4].update(noop_s=33.0, first_s=400.0, round_trips=18, written_bytes=1, index_downloads=1)
     rows = bench.table_rows(good)
     verdicts = {r[0]: r[-1] for r in rows[1:] if r[-1]}
     assert verdicts.pop("second run: bytes written on host") == "not met"
     assert set(verdicts.values()) == {"met"}
+
+
+def test_the_no_op_controller_cost_per_host_is_shown_against_its_targets():
+    runs = {1: dict(TODAY[1], noop_cpu_s=12.4, noop_headers=208), 4: dict(TODAY[4], noop_cpu_s=9.87, noop_headers=208)}
+    assert row(bench.table_rows(runs), "controller CPU s per host")[1:] == ["12.4", "9.9", "", "<= 5", "not met"]
+    assert row(bench.table_rows(runs), "task headers, no-op")[1:] == ["208", "208", "", "<= 90", "not met"]
+    assert row(bench.table_rows({1: TODAY[1]}), "task headers, no-op")[-1] == "not measured"
+
+
+def test_task_headers_count_every_task_of_every_play_skipped_or_not():
+    doc = {
+        "plays": [{"tasks": [{"task": {"name": "a"}}, {"task": {"name": "b"}}]}, {"tasks": [{"task": {"name": "c"}}]}]
+    }
+    assert bench.task_headers(doc) == 3
+    assert bench.task_headers({"plays": []}) == 0
 
 
 def test_the_health_check_cost_is_shown_against_its_target():
