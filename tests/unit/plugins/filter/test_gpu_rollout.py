@@ -309,16 +309,25 @@ def _role_step(task: dict[str, Any]) -> tuple[str, str] | None:
     return None
 
 
-def _expand(tasks: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
-    """The tasks with each playbook task file they import (playbooks/tasks/) in its place, and each
-    block's tasks (block, rescue, always) in the block's place."""
+# The plays' fallback for a phase run alone: resolve the stacks when no earlier play did (they are the
+# same in the rollout, whose checks resolve them first in each batch).
+UNLESS_RESOLVED = "gpu_preflight_resolved_stacks is undefined"
+
+
+def _expand(tasks: list[dict[str, Any]] | None, folder: str = "playbooks") -> list[dict[str, Any]]:
+    """The tasks with each task file they import in its place (found, as Ansible does, next to the
+    file that imports it), each block's tasks (block, rescue, always) in the block's place, and the
+    fallbacks that run only when no earlier play resolved the stacks left out."""
     expanded = []
     for task in tasks or []:
         imported = task.get("ansible.builtin.import_tasks")
+        if task.get("when") == UNLESS_RESOLVED:
+            continue
         if imported:
-            expanded += _expand(_load("playbooks/" + imported))
+            path = f"{folder}/{imported}"
+            expanded += _expand(_load(path), path.rsplit("/", 1)[0])
         elif "block" in task:
-            expanded += _expand(task["block"] + task.get("rescue", []) + task.get("always", []))
+            expanded += _expand(task["block"] + task.get("rescue", []) + task.get("always", []), folder)
         else:
             expanded.append(task)
     return expanded
