@@ -19,7 +19,7 @@ from typing import Any
 
 from ansible.errors import AnsibleActionFail
 from ansible.module_utils.common.text.converters import to_bytes
-from ansible.plugins.action import ActionBase
+from ansible_collections.gpu_fleet.tf_hosts.plugins.plugin_utils.action_runner import ActionRunner
 
 STATE_MODULE = "gpu_fleet.tf_hosts.gpu_host_state"
 MODULE = "gpu_fleet.tf_hosts.gpu_files"
@@ -74,7 +74,7 @@ def stale(item: dict, wanted_sha1: str, found: dict, checksum: str | None) -> bo
     )
 
 
-class ActionModule(ActionBase):
+class ActionModule(ActionRunner):
     # No temporary folder of its own: the state module runs pipelined, and copy makes one when it writes.
     TRANSFERS_FILES = False
     _supports_check_mode = True
@@ -93,18 +93,7 @@ class ActionModule(ActionBase):
 
     def _copy(self, item: dict, task_vars: dict) -> dict:
         """Ansible's copy action for one item, with this task's check and diff modes."""
-        task = self._task.copy()
-        task.args = {"owner": "root", "group": "root", **item}
-        action = self._shared_loader_obj.action_loader.get(
-            "ansible.legacy.copy",
-            task=task,
-            connection=self._connection,
-            play_context=self._play_context,
-            loader=self._loader,
-            templar=self._templar,
-            shared_loader_obj=self._shared_loader_obj,
-        )
-        return action.run(task_vars=task_vars)
+        return self._run_action("ansible.legacy.copy", {"owner": "root", "group": "root", **item}, task_vars)
 
     def _link(self, item: dict, task_vars: dict) -> dict:
         """Ansible's file module makes or re-points the symbolic link (replacing a file there)."""

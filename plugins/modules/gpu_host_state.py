@@ -38,11 +38,18 @@ options:
     default: []
   checksum:
     description:
-      - Absolute paths of files to hash with SHA-1, the algorithm of C(ansible.builtin.stat)'s C(checksum)
-        and of C(ansible.builtin.copy); links are followed.
+      - Absolute paths of files to hash with O(checksum_algorithm); links are followed.
     type: list
     elements: str
     default: []
+  checksum_algorithm:
+    description:
+      - The hash of O(checksum). V(sha1) is the checksum of C(ansible.builtin.stat) and C(ansible.builtin.copy);
+        V(sha256) is the one the artifact manifest pins NVIDIA's files with.
+    type: str
+    choices: [sha1, sha256]
+    default: sha1
+    version_added: "0.19.0"
   glob:
     description:
       - Absolute shell patterns (Python's C(glob), not recursive); each gives the sorted paths it matches,
@@ -116,8 +123,8 @@ read:
   sample: {"/var/lib/gpu_fleet/nvidia_driver.done": "520.61.05 runfile\n"}
 checksum:
   description:
-    - One entry per path of O(checksum), keyed by the path as given; its SHA-1, or null where it is not a
-      file or cannot be read.
+    - One entry per path of O(checksum), keyed by the path as given; its hash (O(checksum_algorithm)), or null
+      where it is not a file or cannot be read.
   returned: always
   type: dict
   sample: {"/etc/profile.d/gpu-env.sh": "5d41402abc4b2a76b9719d911017c592ae7b0f2a"}
@@ -153,10 +160,10 @@ def _name(lookup, number: int) -> str:
         return str(number)
 
 
-def file_sha1(path: str) -> str | None:
-    """The file's SHA-1 (links followed), or None when it is not a file or cannot be read."""
+def file_checksum(path: str, algorithm: str = "sha1") -> str | None:
+    """The file's hash (links followed), or None when it is not a file or cannot be read."""
     try:
-        return sha1(path) if os.path.isfile(path) else None
+        return digest(path, algorithm) if os.path.isfile(path) else None
     except OSError:
         return None
 
@@ -200,12 +207,13 @@ def read_text(path: str, max_bytes: int) -> str | None:
     return None if len(data) > max_bytes else data.decode("utf-8", errors="replace")
 
 
-def sha1(path: str) -> str:
-    digest = hashlib.sha1()  # the checksum ansible.builtin.copy compares, not a security use
+def digest(path: str, algorithm: str) -> str:
+    # SHA-1 is the checksum ansible.builtin.copy compares, not a security use.
+    hashed = hashlib.sha256() if algorithm == "sha256" else hashlib.sha1()
     with open(path, "rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+            hashed.update(block)
+    return hashed.hexdigest()
 
 
 def run_command(module: AnsibleModule, argv: list[str]) -> dict:
@@ -219,13 +227,13 @@ def run_command(module: AnsibleModule, argv: list[str]) -> dict:
 
 
 def host_state(module: AnsibleModule) -> dict:
-    """The module's result for its parameters (stat, read, checksum, glob, run, max_bytes)."""
+    """The module's result for its parameters (stat, read, checksum and its algorithm, glob, run, max_bytes)."""
     params = module.params
     return {
         "run": {name: run_command(module, [str(arg) for arg in argv]) for name, argv in params["run"].items()},
         "stat": {path: path_stat(path) for path in params["stat"]},
         "read": {path: read_text(path, params["max_bytes"]) for path in params["read"]},
-        "checksum": {path: file_sha1(path) for path in params["checksum"]},
+        "checksum": {path: file_checksum(path, params["checksum_algorithm"]) for path in params["checksum"]},
         "glob": {pattern: sorted(glob.glob(pattern)) for pattern in params["glob"]},
     }
 
@@ -234,6 +242,7 @@ ARGUMENT_SPEC = {
     "stat": {"type": "list", "elements": "str", "default": []},
     "read": {"type": "list", "elements": "str", "default": []},
     "checksum": {"type": "list", "elements": "str", "default": []},
+    "checksum_algorithm": {"type": "str", "choices": ["sha1", "sha256"], "default": "sha1"},
     "glob": {"type": "list", "elements": "str", "default": []},
     "run": {"type": "dict", "default": {}},
     "max_bytes": {"type": "int", "default": 1048576},

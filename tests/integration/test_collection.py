@@ -34,7 +34,7 @@ ROLE_TASK = re.compile(r"^TASK \[" + re.escape(FQCN) + r"\.(\w+) : (?!Validating
 RECAP = re.compile(r"^(\S+)\s+: ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.MULTILINE)
 
 # What each tag may run. The resolution of the stacks (gpu_preflight's `stacks` entry point) runs
-# with any tag, and the installers' push/clean steps belong to gpu_artifacts.
+# with any tag; the installers push and remove their NVIDIA files themselves (action gpu_artifact).
 STACKS = "gpu_preflight"
 PHASES = {
     "preflight": {
@@ -46,17 +46,17 @@ PHASES = {
         "cuda_toolkit",
         "tf_venv",
     },
-    "driver": {"nvidia_driver", "gpu_artifacts", STACKS},
-    "cuda": {"cuda_toolkit", "cudnn", "gpu_env", "gpu_artifacts", STACKS},
+    "driver": {"nvidia_driver", STACKS},
+    "cuda": {"cuda_toolkit", "cudnn", "gpu_env", STACKS},
     "tensorflow": {"tf_venv", STACKS},
     "verify": {"gpu_verify", "gpu_health", STACKS},
 }
 ROLE_TAGS = {
     "gpu_preflight": {"gpu_preflight", "gpu_artifacts"},
     "gpu_artifacts": {"gpu_artifacts", STACKS},
-    "nvidia_driver": {"nvidia_driver", "gpu_artifacts", STACKS},
-    "cuda_toolkit": {"cuda_toolkit", "gpu_artifacts", STACKS},
-    "cudnn": {"cudnn", "gpu_artifacts", STACKS},
+    "nvidia_driver": {"nvidia_driver", STACKS},
+    "cuda_toolkit": {"cuda_toolkit", STACKS},
+    "cudnn": {"cudnn", STACKS},
     "gpu_env": {"gpu_env", STACKS},
     "tf_venv": {"tf_venv", STACKS},
     "gpu_verify": {"gpu_verify", STACKS},

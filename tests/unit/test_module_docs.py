@@ -61,6 +61,13 @@ def test_ansible_doc_renders_gpu_files():
         assert text in out.stdout, text
 
 
+def test_ansible_doc_renders_gpu_artifact():
+    out = ansible_doc("-t", "module", f"{COLLECTION}.gpu_artifact")
+    assert out.returncode == 0, out.stderr
+    for text in ("gpu_artifact", "cache_files", "keep_cache", "corresponding action plugin", "RETURN VALUES"):
+        assert text in out.stdout, text
+
+
 def test_ansible_doc_renders_collection_path_lookup():
     out = ansible_doc("-t", "lookup", f"{COLLECTION}.collection_path")
     assert out.returncode == 0, out.stderr

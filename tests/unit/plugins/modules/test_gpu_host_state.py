@@ -66,6 +66,12 @@ def test_checksum_is_the_sha1_of_files_and_none_for_the_rest(tree):
     }
 
 
+def test_checksum_algorithm_sha256_gives_the_digest_a_manifest_pins(tree):
+    paths = [str(tree / "done"), str(tree / "nothing")]
+    found = state(checksum=paths, checksum_algorithm="sha256")["checksum"]
+    assert found == {paths[0]: hashlib.sha256(b"520.61.05 runfile\n").hexdigest(), paths[1]: None}
+
+
 def test_read_gives_text_or_none_for_missing_folders_and_too_long_files(tree):
     paths = [str(tree / "done"), str(tree / "missing"), str(tree / "lib64"), str(tree / "big")]
     found = state(read=paths, max_bytes=32)["read"]
