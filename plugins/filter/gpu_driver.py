@@ -10,13 +10,16 @@
   Installation Guide, https://docs.nvidia.com/datacenter/tesla/driver-installation-guide/
   ("Compute-only (Headless) and Desktop-only (no Compute) Installation" per distribution).
 
+- ``gpu_driver_package_problem``, ``gpu_driver_sources_problem``, ``gpu_driver_hold_failures`` and
+  ``gpu_driver_message`` word the role's stops from the catalog ``MESSAGES`` (cause, then fix).
+
 Each filter is documented in ``<filter name>.yml`` beside this file.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, NamedTuple
 
 from ansible.errors import AnsibleFilterError
 from ansible.module_utils.parsing.convert_bool import boolean
@@ -374,6 +377,107 @@ def gpu_driver_repository(packages: dict[str, Any], url: str = "", key_file: str
     }
 
 
+class Message(NamedTuple):
+    """Text of one of nvidia_driver's stops; ``cause`` and ``fix`` are ``str.format`` templates."""
+
+    cause: str
+    fix: str
+
+    def text(self, **fields: Any) -> str:
+        return f"{self.cause.format(**fields)} {self.fix.format(**fields)}"
+
+
+# Every stop of nvidia_driver's package method and its install record, by id.
+MESSAGES: dict[str, Message] = {
+    "os_unknown": Message(
+        "The driver packages are not known for {distribution} {major_version} (nvidia_driver_method: package).",
+        "Set nvidia_driver_method: runfile, or use an OS the role has package data for (Debian 12, Ubuntu 22.04 "
+        "and 24.04, RHEL/Rocky 9).",
+    ),
+    "repository_key": Message(
+        "NVIDIA's package repository needs its signing key and {missing}:",
+        "set nvidia_driver_package_repository_key to the key file on the controller (NVIDIA publishes it as "
+        "{key_url}), or nvidia_driver_package_key_download_allowed: true to let the host download it, or "
+        "nvidia_driver_package_repository_manage: false when the host's own repositories (a site mirror) already "
+        "carry the driver.",
+    ),
+    "sources_unread": Message(
+        "The apt sources could not be searched for other source lines of {url} ({errors}).",
+        "Make /etc/apt/sources.list and /etc/apt/sources.list.d readable by root, then rerun.",
+    ),
+    "sources_other": Message(
+        "{url} is already a source in {files} (for example from NVIDIA's cuda-keyring package); a second source "
+        "line with another key breaks every apt command.",
+        "Set nvidia_driver_package_repository_manage: false to use that source, or remove it and rerun.",
+    ),
+    "fabricmanager_runfile": Message(
+        "{host} has NVSwitches, which need NVIDIA's fabric manager at the driver's exact version ({version}); the "
+        "role installs it from NVIDIA's packages only.",
+        "Set nvidia_driver_method: package, or install the fabric manager archive yourself and set "
+        "nvidia_driver_fabricmanager: false.",
+    ),
+    "libcuda_missing": Message(
+        "The driver install ({method}) finished, but {libcuda} is not there: the installer did not install driver "
+        "{version}'s libraries. Nothing was recorded as installed.",
+        "Read the installer's log ({log}), fix what it names, and rerun.",
+    ),
+}
+# Where each install method's own account of a failed install is.
+INSTALL_LOGS = {"runfile": "/var/log/nvidia-installer.log", "package": "the package manager's output above"}
+
+
+def gpu_driver_message(name: str, fields: dict[str, Any] | None = None) -> str:
+    """The text of the stop ``name`` of ``MESSAGES``; a ``method`` field also names its install log."""
+    if name not in MESSAGES:
+        raise AnsibleFilterError(f"gpu_driver_message: no message {name!r}; the messages are {', '.join(MESSAGES)}.")
+    fields = dict(fields or {})
+    if "method" in fields:
+        fields.setdefault("log", INSTALL_LOGS.get(fields["method"], "the installer's output above"))
+    return MESSAGES[name].text(**fields)
+
+
+def gpu_driver_package_problem(inputs: dict[str, Any]) -> str:
+    """Why the package method cannot start on this host, or ``''``.
+
+    ``inputs``: ``os_key`` (gpu_driver_os_key), ``distribution``, ``major_version``, ``manage`` (the role adds
+    NVIDIA's repository), ``key_download_allowed``, ``key`` (the key file's controller path, '' when unset),
+    ``key_found`` (it is a file there) and ``key_url`` (where NVIDIA publishes the key).
+    """
+    if not inputs.get("os_key"):
+        return gpu_driver_message("os_unknown", inputs)
+    if not boolean(inputs.get("manage"), strict=False) or boolean(inputs.get("key_download_allowed"), strict=False):
+        return ""
+    key = inputs.get("key") or ""
+    if key and boolean(inputs.get("key_found"), strict=False):
+        return ""
+    missing = f"the key file {key} is not a file on the controller" if key else "none is configured"
+    return gpu_driver_message("repository_key", {"missing": missing, "key_url": inputs.get("key_url", "")})
+
+
+def gpu_driver_sources_problem(result: dict[str, Any], url: str) -> str:
+    """Why the driver repository's apt source cannot be added, from the registered ``grep -rlF <url>`` over
+    the apt sources, or ``''``. grep exits 1 when nothing matches and 2 when it cannot read a file; a
+    missing folder is no error."""
+    result = result or {}
+    if int(result.get("rc") or 0) > 1 and "No such file" not in (result.get("stderr") or ""):
+        return gpu_driver_message("sources_unread", {"url": url, "errors": "; ".join(result.get("stderr_lines") or [])})
+    files = result.get("stdout_lines") or []
+    return gpu_driver_message("sources_other", {"url": url, "files": ", ".join(files)}) if files else ""
+
+
+def gpu_driver_hold_failures(selections: dict | None, held_now: dict | None, hold: dict | None) -> list[str]:
+    """What kept the driver packages from being held: the failed ``dpkg_selections`` items, a failed read
+    of the held names, a failed versionlock (the registered results; skipped ones add nothing)."""
+    found = [f"dpkg_selections: {item['msg']}" for item in (selections or {}).get("results") or [] if "msg" in item]
+    held_now, hold = held_now or {}, hold or {}
+    if int(held_now.get("rc") or 0) != 0:
+        found.append(f"{' '.join(held_now.get('cmd') or [])} failed: {held_now.get('stderr') or ''}")
+    if int(hold.get("rc") or 0) != 0:
+        errors = "; ".join(hold.get("stderr_lines") or [])
+        found.append(f"{' '.join(hold.get('cmd') or [])} failed (exit {hold['rc']}): {errors}")
+    return found
+
+
 class FilterModule:
     """Driver version and package-method filters."""
 
@@ -385,4 +489,8 @@ class FilterModule:
             "gpu_driver_missing_packages": gpu_driver_missing_packages,
             "gpu_driver_method": gpu_driver_method,
             "gpu_driver_repository": gpu_driver_repository,
+            "gpu_driver_message": gpu_driver_message,
+            "gpu_driver_package_problem": gpu_driver_package_problem,
+            "gpu_driver_sources_problem": gpu_driver_sources_problem,
+            "gpu_driver_hold_failures": gpu_driver_hold_failures,
         }

@@ -1,10 +1,10 @@
 """Decide, from facts gathered by gpu_preflight, whether a host is fit for the pinned stacks.
 
 Pure functions: the role gathers the raw facts (mounts, /proc/modules, ``mokutil --sb-state``,
-kernel headers, nvidia_gpu_facts, compute processes) and this module turns them into problems
-(the host stops) and warnings (the run goes on), each with a cause and a fix. Exposed to Ansible
-as the filters ``gpu_host_check``, ``gpu_space_needs``, ``gpu_compute_apps`` and
-``gpu_findmnt_mounts``; plain functions for unit tests.
+kernel headers, nvidia_gpu_facts, compute processes), ``gpu_host_facts`` shapes them and this module
+turns them into problems (the host stops) and warnings (the run goes on), each with a cause and a
+fix. Exposed to Ansible as the filters ``gpu_host_facts``, ``gpu_host_check``, ``gpu_space_needs``,
+``gpu_compute_apps`` and ``gpu_findmnt_mounts``; plain functions for unit tests.
 
 Sources (public):
 
@@ -38,11 +38,13 @@ Sources (public):
 from __future__ import annotations
 
 import difflib
+import json
 import posixpath
 import re
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
+from ansible.module_utils.parsing.convert_bool import boolean
 from ansible_collections.gpu_fleet.tf_hosts.plugins.module_utils.gpu_parsers import parse_compute_apps
 
 MIB = 1024 * 1024
@@ -565,6 +567,118 @@ def compute_apps(lines: list[str]) -> list[dict]:
     return parse_compute_apps("\n".join(lines))
 
 
+def _flag(value: Any) -> bool:
+    """A role setting read as Ansible's ``bool`` filter reads it: ``yes``, ``true``, ``1``, ``on``."""
+    return boolean(value, strict=False)
+
+
+def _venv_entries(venv_paths: list[str], existing: list[str], globbed: dict) -> list[str]:
+    """What is directly inside each existing venv folder, from the probe's ``<venv>/*`` and ``<venv>/.*``."""
+    folders = [path for path in venv_paths if path in existing]
+    return [entry for pattern in ("/*", "/.*") for path in folders for entry in globbed.get(path + pattern) or []]
+
+
+def _kernel_facts(state: dict, inputs: dict, facts: dict) -> dict[str, Any]:
+    """The kernel side of the check: what the probe found (nothing where the host gets no kernel modules)."""
+    stat = state.get("stat") or {}
+    build = stat.get(inputs.get("kernel_build")) or {}
+    return {
+        "proc_modules": (state.get("read") or {}).get("/proc/modules") or "",
+        "secure_boot": ((state.get("run") or {}).get("secure_boot") or {}).get("stdout"),
+        "signing_key": bool((stat.get(inputs.get("dkms_signing_key")) or {}).get("exists", False)),
+        "module_signing": {
+            "key": inputs.get("module_signing_key") or "",
+            "certificate": inputs.get("module_signing_certificate") or "",
+            "key_found": _flag(inputs.get("key_found")),
+            "certificate_found": _flag(inputs.get("certificate_found")),
+        },
+        "kernel": facts.get("kernel"),
+        # No build tree probed (no kernel modules here) counts as headers present, as before the probe.
+        "kernel_headers": bool(build.get("exists", True)) or _flag(inputs.get("headers_installable")),
+        "kernel_headers_package": inputs.get("headers_package"),
+        "installed_kernels": [
+            posixpath.basename(path.rstrip("/")) for path in (state.get("glob") or {}).get("/lib/modules/*/") or []
+        ],
+    }
+
+
+def _gpu_facts(run: dict, gpus: dict, inputs: dict) -> dict[str, Any]:
+    """The GPUs, their compute processes (nvidia-smi answers only with a driver loaded) and the installers."""
+    apps = run.get("compute_apps") or {}
+    lines = apps.get("stdout", "").splitlines() if gpus.get("driver_loaded") and apps.get("rc") == 0 else []
+    loaded = gpus.get("driver_version")
+    return {
+        "gpus": gpus,
+        "expected_gpu_count": inputs.get("expected_gpu_count"),
+        "compute_apps": compute_apps(lines),
+        "installers": (run.get("installers") or {}).get("stdout", "").splitlines(),
+        "driver_change": _flag(inputs.get("driver_install"))
+        and bool(gpus.get("driver_loaded"))
+        and loaded not in (None, inputs.get("driver_version")),
+    }
+
+
+def _space_facts(resolved: dict, existing: list[str], gpus: dict, inputs: dict) -> list[dict]:
+    """Free space wanted for what is not on the host yet (:func:`space_needs`)."""
+    present = {
+        "cuda_roots": existing,
+        "venvs": existing,
+        "driver_installed": gpus.get("driver_version") == inputs.get("driver_version"),
+    }
+    paths = {key: inputs.get(key) for key in ("cache_dir", "cuda_tmpdir", "driver_tmpdir")}
+    return space_needs(
+        resolved.get("stacks") or [], resolved.get("driver"), present, paths, inputs.get("min_free_mib") or 0
+    )
+
+
+def host_facts(facts: dict, resolved: dict, inputs: dict) -> dict:
+    """The facts :func:`check_host` reads, from what gpu_preflight gathered.
+
+    Args:
+        facts: the host's ``ansible_facts`` (distribution, user, kernel, ``gpu_facts``).
+        resolved: the ``gpu_stacks_resolve`` result (``stacks``, ``driver``).
+        inputs: ``state`` and ``present`` (the two ``gpu_host_state`` results), ``installed_paths``,
+            ``venv_paths``, ``supported_os``, ``manage_kernel``, ``kernel_build``, ``dkms_signing_key``,
+            ``headers_installable``, ``headers_package``, the role's settings (``driver_version``,
+            ``driver_install``, ``cache_dir``, ``cuda_tmpdir``, ``driver_tmpdir``, ``min_free_mib``,
+            ``module_signing_key``, ``module_signing_certificate``, ``reboot_allowed``,
+            ``expected_gpu_count``), ``key_found`` and ``certificate_found`` (the signing pair's files
+            on the controller) and ``connection``.
+    """
+    state, present = inputs.get("state") or {}, inputs.get("present") or {}
+    run, gpus = state.get("run") or {}, facts.get("gpu_facts") or {}
+    stat = present.get("stat") or {}
+    existing = [path for path in inputs.get("installed_paths") or [] if (stat.get(path) or {}).get("exists")]
+    stacks = resolved.get("stacks") or []
+    return {
+        "os": {
+            "distribution": facts.get("distribution"),
+            "major_version": facts.get("distribution_major_version"),
+            "version": facts.get("distribution_version"),
+        },
+        "supported_os": inputs.get("supported_os") or {},
+        "user": {"name": facts.get("user_id"), "uid": int(facts.get("user_uid", 0))},
+        "venvs": {stack["name"]: stack["venv"] for stack in stacks},
+        "present": existing,
+        "venv_entries": _venv_entries(inputs.get("venv_paths") or [], existing, present.get("glob") or {}),
+        "manage_kernel": _flag(inputs.get("manage_kernel")),
+        "mounts": findmnt_mounts(json.loads((run.get("findmnt") or {}).get("stdout") or "{}")),
+        "space": _space_facts(resolved, existing, gpus, inputs),
+        "exec_paths": [
+            {"path": inputs.get("cuda_tmpdir"), "purpose": "CUDA installer scratch", "variable": "cuda_toolkit_tmpdir"},
+            {
+                "path": inputs.get("driver_tmpdir"),
+                "purpose": "driver installer scratch",
+                "variable": "nvidia_driver_tmpdir",
+            },
+        ],
+        "reboot_allowed": _flag(inputs.get("reboot_allowed")),
+        "connection": inputs.get("connection") or "ssh",
+        **_kernel_facts(state, inputs, facts),
+        **_gpu_facts(run, gpus, inputs),
+    }
+
+
 def gpu_host_check(facts: dict, settings: dict | None = None) -> dict:
     """Ansible filter: ``{{ facts | gpu_host_check(settings) }}``."""
     return check_host(facts, settings)
@@ -576,6 +690,7 @@ class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {
             "gpu_host_check": gpu_host_check,
+            "gpu_host_facts": host_facts,
             "gpu_space_needs": space_needs,
             "gpu_compute_apps": compute_apps,
             "gpu_findmnt_mounts": findmnt_mounts,

@@ -8,12 +8,65 @@ is missing, ...).
 saying why there is none for a host that failed or was unreachable before verification, so that
 the report lists every host; each document carries the host's GPU health at the time of the run
 (``health``, from gpu_health's ``gpu_health_report``).
+
+``gpu_verify_argv``: one resolved stack and the role's settings -> the command line of
+``gpu_verify.py`` for it, shared by the per-host and the multi-worker runs.
 """
 
 from __future__ import annotations
 
 import json
 from typing import Any
+
+from ansible.errors import AnsibleFilterError
+from ansible.module_utils.parsing.convert_bool import boolean
+
+# gpu_verify.py's options taken as they are from the settings: (option, settings key).
+VERIFY_OPTIONS = (
+    ("--cpu-replicas", "cpu_replicas"),
+    ("--timeout", "timeout"),
+    ("--learning-rate", "learning_rate"),
+    ("--nvidia-smi", "nvidia_smi"),
+)
+
+
+def _expected_versions(stack: dict) -> list[str]:
+    """The versions gpu_verify.py checks against: the stack's CUDA, cuDNN and TensorFlow."""
+    try:
+        cuda, cudnn, tensorflow = stack["cuda_toolkit"], stack["cudnn"], stack["tensorflow"]
+        return [
+            "--expect-cuda", cuda["series"], "--cuda-root", cuda["root"],
+            "--expect-cudnn", cudnn["short"], "--expect-tensorflow", tensorflow["version"],
+        ]  # fmt: skip
+    except (KeyError, TypeError) as error:
+        raise AnsibleFilterError(f"gpu_verify_argv: stack {stack.get('name')!r} is not resolved (no {error})") from None
+
+
+def gpu_verify_argv(stack: dict, settings: dict) -> list[str]:
+    """``gpu_verify.py``'s command line for one resolved stack.
+
+    ``settings``: ``install_dir``, ``expected_gpu_count``, ``driver`` (the resolved driver or None),
+    ``cpu_replicas``, ``timeout``, ``learning_rate``, ``nvidia_smi``, ``default_symlink``,
+    ``kernel_dir``, ``mixed_precision``, ``fabricmanager`` (the host has NVSwitches), ``scaling``,
+    ``scaling_threshold`` and ``multiworker``.
+    """
+    argv = [f"{stack['venv']}/bin/python", f"{settings['install_dir']}/gpu_verify.py", "--stack", stack["name"]]
+    argv += ["--expected-gpus", str(settings["expected_gpu_count"])]
+    argv += ["--expect-driver", (settings.get("driver") or {}).get("version") or ""]
+    argv += _expected_versions(stack)
+    for option, key in VERIFY_OPTIONS:
+        argv += [option, str(settings[key])]
+    if stack.get("default"):
+        argv += ["--default-symlink", settings["default_symlink"]]
+    argv += ["--kernel-dir", settings["kernel_dir"]]
+    if boolean(settings.get("mixed_precision"), strict=False):
+        argv.append("--mixed-precision")
+    if boolean(settings.get("fabricmanager"), strict=False):
+        argv.append("--expect-fabricmanager")
+    # The scaling check compares the GPUs of one host; a multi-worker fit spans hosts.
+    if boolean(settings.get("scaling"), strict=False) and not boolean(settings.get("multiworker"), strict=False):
+        argv += ["--scaling", "--scaling-threshold", str(settings["scaling_threshold"])]
+    return argv
 
 
 def _failed(cause: str, fix: str, **extra: Any) -> dict:
@@ -237,4 +290,5 @@ class FilterModule:
             "gpu_verify_stack_name": gpu_verify_stack_name,
             "gpu_verify_held_back": gpu_verify_held_back,
             "gpu_du_bytes": gpu_du_bytes,
+            "gpu_verify_argv": gpu_verify_argv,
         }

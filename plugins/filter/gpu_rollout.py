@@ -12,6 +12,11 @@ https://docs.ansible.com/ansible/latest/playbook_guide/playbooks_strategies.html
 
 ``gpu_rollout_processes``: the compute processes of a busy host in one line.
 
+``gpu_rollout_problems``: what is wrong with the rollout's settings in this batch (hooks, hook host,
+a ``gpu_rollout_serial`` the play's ``serial`` cannot see). ``gpu_rollout_plan_note`` and
+``gpu_rollout_busy_note``: the lines the rollout shows for its plan and for a busy host. All three
+word their texts from the catalog ``MESSAGES``.
+
 ``gpu_rollout_not_verified``: the hosts a rollout did not verify (skipped as busy, or not reached),
 each with its status and reason: gpu_verify's input ``gpu_verify_not_verified``, so the fleet
 report written by any batch names every host of the run.
@@ -19,10 +24,12 @@ report written by any batch names every host of the run.
 
 from __future__ import annotations
 
+import posixpath
 import re
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
+from ansible.module_utils.parsing.convert_bool import boolean
 
 # Published by gpu_rollout's guard on each host it reached.
 SKIPPED_FACT = "gpu_rollout_skipped"
@@ -220,6 +227,101 @@ def gpu_rollout_not_verified(
     return found
 
 
+# What the rollout says, by id: str.format templates, cause then fix in one text.
+MESSAGES = {
+    "hooks_one_sided": (
+        "Only one of the drain and undrain hooks is set (gpu_rollout_drain_command/_tasks, "
+        "gpu_rollout_undrain_command/_tasks): without the other, hosts would stay out of the scheduler after a "
+        "verified reprovisioning, or be given back without having been taken out. Set both (Slurm: scontrol update "
+        "nodename=<host> state=DRAIN reason=..., then state=RESUME; Kubernetes: kubectl drain <node>, then kubectl "
+        "uncordon <node>) or neither."
+    ),
+    "hook_tasks": (
+        "{variable} is {path}, which is not an absolute path of a file on the controller. Give the task file's full "
+        "path, or leave it empty."
+    ),
+    "hook_host": (
+        "gpu_rollout_hook_host is {host}, which is not a host of the inventory. Add it to the inventory (with how to "
+        "reach it), use localhost for a command the controller runs, or leave it empty to run the hooks on each GPU "
+        "host."
+    ),
+    "serial_unseen": (
+        "This batch is {batch}, but gpu_rollout_serial {serial} makes it {planned}: gpu_rollout_serial is set where "
+        "the play's serial cannot see it (play keywords never see inventory variables, "
+        "https://github.com/ansible/ansible/issues/18131). Remove it (and gpu_rollout_max_fail_percentage) from the "
+        "inventory and give them on the command line (-e gpu_rollout_serial=10%) or in the vars of a playbook that "
+        "imports playbooks/reprovision.yml."
+    ),
+    "plan": (
+        "Batch {number} of {batches} ({planned}) of the rolling reprovisioning of {hosts} hosts (gpu_rollout_serial "
+        "{serial}). Each batch is verified before the next starts; more than {max_fail} % failed hosts in a batch "
+        "(gpu_rollout_max_fail_percentage) stops the rollout."
+    ),
+    "busy_skipped": (
+        "Skipped: {host}'s GPUs run compute processes: {processes}. It is not drained or changed in this run; rerun "
+        "playbooks/reprovision.yml when those jobs end, or set gpu_rollout_force_busy: true."
+    ),
+    "busy_forced": (
+        "Going ahead (gpu_rollout_force_busy): {host}'s GPUs run compute processes: {processes}. nvidia_driver still "
+        "stops before changing the driver under them unless nvidia_driver_allow_busy_gpus."
+    ),
+}
+
+
+def _hook_tasks(variable: str, path: Any, found: Any) -> list[str]:
+    """A hook task file must be an absolute path of a file on the controller (``found``), or empty."""
+    if not path or (posixpath.isabs(str(path)) and found):
+        return []
+    return [MESSAGES["hook_tasks"].format(variable=variable, path=path)]
+
+
+def gpu_rollout_problems(settings: dict[str, Any]) -> list[str]:
+    """What stops this batch before any change, each with its fix; ``[]`` when nothing does.
+
+    ``settings``: the hooks (``drain_command``, ``drain_tasks``, ``undrain_command``, ``undrain_tasks``, and
+    ``drain_tasks_found``/``undrain_tasks_found``: each task file is a file on the controller),
+    ``hook_host`` and ``inventory_hosts``, ``batch`` (the play's batch now), ``play_hosts`` (the hosts of
+    the play still in it), ``planned`` (the batch gpu_rollout_serial makes of this host's) and ``serial``.
+    """
+    drains = bool(settings.get("drain_command") or settings.get("drain_tasks"))
+    undrains = bool(settings.get("undrain_command") or settings.get("undrain_tasks"))
+    found = [] if drains == undrains else [MESSAGES["hooks_one_sided"]]
+    for hook in ("drain", "undrain"):
+        found += _hook_tasks(
+            f"gpu_rollout_{hook}_tasks", settings.get(f"{hook}_tasks"), settings.get(f"{hook}_tasks_found")
+        )
+    host = settings.get("hook_host") or ""
+    if host and host not in [*(settings.get("inventory_hosts") or []), "localhost"]:
+        found.append(MESSAGES["hook_host"].format(host=host))
+    # A serial from the inventory reaches the tasks but never the play: its batches differ.
+    batch, planned = list(settings.get("batch") or []), list(settings.get("planned") or [])
+    if sorted(h for h in planned if h in (settings.get("play_hosts") or [])) != sorted(batch):
+        fields = {"batch": ", ".join(batch), "planned": ", ".join(planned), "serial": settings.get("serial")}
+        found.append(MESSAGES["serial_unseen"].format(**fields))
+    return found
+
+
+def gpu_rollout_plan_note(batches: list[list[str]], planned: list[str], settings: dict[str, Any]) -> str:
+    """The rollout's plan as this batch (``planned``, one of ``batches``) shows it; ``settings``: ``hosts``
+    (how many the play has), ``serial`` and ``max_fail_percentage``."""
+    fields = {
+        "number": batches.index(planned) + 1,
+        "batches": len(batches),
+        "planned": ", ".join(planned),
+        "hosts": settings.get("hosts"),
+        "serial": settings.get("serial"),
+        "max_fail": settings.get("max_fail_percentage"),
+    }
+    return MESSAGES["plan"].format(**fields)
+
+
+def gpu_rollout_busy_note(processes: Any, host: str, skipped: Any) -> str:
+    """What the rollout does with a host whose GPUs run compute processes: skip it, or go ahead
+    (gpu_rollout_force_busy) while nvidia_driver still guards the driver."""
+    note = "busy_skipped" if boolean(skipped, strict=False) else "busy_forced"
+    return MESSAGES[note].format(host=host, processes=gpu_rollout_processes(processes))
+
+
 class FilterModule:
     """gpu_rollout filters."""
 
@@ -230,4 +332,7 @@ class FilterModule:
             "gpu_rollout_batches": gpu_rollout_batches,
             "gpu_rollout_processes": gpu_rollout_processes,
             "gpu_rollout_not_verified": gpu_rollout_not_verified,
+            "gpu_rollout_problems": gpu_rollout_problems,
+            "gpu_rollout_plan_note": gpu_rollout_plan_note,
+            "gpu_rollout_busy_note": gpu_rollout_busy_note,
         }

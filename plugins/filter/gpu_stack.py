@@ -32,6 +32,7 @@ import re
 from typing import Any, NamedTuple
 
 from ansible.errors import AnsibleFilterError
+from ansible.module_utils.parsing.convert_bool import boolean
 
 try:
     from packaging.specifiers import SpecifierSet
@@ -1165,12 +1166,33 @@ def gpu_stacks_resolve(pins: list[dict], matrix: dict, manifest: dict, host: dic
     return resolve_stacks(pins, matrix, manifest, host, default)
 
 
+def stacks_host(facts: dict, pins: dict) -> dict:
+    """``{{ ansible_facts | gpu_stacks_host(pins) }}``: the ``host`` of :func:`gpu_stacks_resolve`.
+
+    ``pins``: ``python_versions``, ``default_python``, ``driver_version`` (the pinned driver),
+    ``driver_install``, ``driver_method`` and ``current_default``. The stacks are checked against the
+    driver the host will run: the pinned one when the run installs it, else the loaded one (none when
+    no driver is loaded or the GPU facts were not gathered, as for an air-gap bundle)."""
+    gpu_facts = (facts or {}).get("gpu_facts") or {}
+    install = boolean(pins.get("driver_install"), strict=False)
+    return {
+        "python_versions": pins.get("python_versions") or {},
+        "default_python": pins.get("default_python"),
+        "driver_version": pins.get("driver_version") if install else (gpu_facts.get("driver_version") or ""),
+        "driver_install": install,
+        "driver_method": pins.get("driver_method"),
+        "current_default": pins.get("current_default") or "",
+        "gpus": gpu_facts.get("gpus") or [],
+    }
+
+
 class FilterModule:
     """GPU stack resolution filters."""
 
     def filters(self) -> dict:
         return {
             "gpu_stacks_resolve": gpu_stacks_resolve,
+            "gpu_stacks_host": stacks_host,
             "cudnn_header_version": cudnn_header_version,
             "gpu_tf_requirement": tf_requirement,
             "gpu_stacks_serve": serve_default,

@@ -70,6 +70,10 @@ def test_filters_are_registered() -> None:
         "gpu_driver_missing_packages": gpu_driver.gpu_driver_missing_packages,
         "gpu_driver_method": gpu_driver.gpu_driver_method,
         "gpu_driver_repository": gpu_driver.gpu_driver_repository,
+        "gpu_driver_message": gpu_driver.gpu_driver_message,
+        "gpu_driver_package_problem": gpu_driver.gpu_driver_package_problem,
+        "gpu_driver_sources_problem": gpu_driver.gpu_driver_sources_problem,
+        "gpu_driver_hold_failures": gpu_driver.gpu_driver_hold_failures,
     }
 
 
@@ -593,3 +597,124 @@ def test_any_branch_pattern_finds_the_earlier_pins_packages_only(facts: dict, re
     pattern = re.compile(packages(facts, fabricmanager=True)["any_branch_pattern"])
     assert [name for name in replaced if not pattern.match(name)] == []
     assert [name for name in kept if pattern.match(name)] == []
+
+
+# The stops of the package method and the install record: texts as the role showed them before they moved here.
+PACKAGE_INPUTS = {
+    "os_key": "Ubuntu-22",
+    "distribution": "Ubuntu",
+    "major_version": "22",
+    "manage": True,
+    "key_download_allowed": False,
+    "key": "",
+    "key_found": False,
+    "key_url": "https://developer.download.nvidia.com/compute/cuda/repos/ubuntu2204/x86_64/3bf863cc.pub",
+}
+REPO = "https://developer.download.nvidia.com/compute/cuda/repos/ubuntu2204/x86_64"
+
+
+def test_package_problem_unknown_os():
+    problem = gpu_driver.gpu_driver_package_problem(
+        dict(PACKAGE_INPUTS, os_key=None, distribution="Debian", major_version="11")
+    )
+    assert problem == (
+        "The driver packages are not known for Debian 11 (nvidia_driver_method: package). Set nvidia_driver_method: "
+        "runfile, or use an OS the role has package data for (Debian 12, Ubuntu 22.04 and 24.04, RHEL/Rocky 9)."
+    )
+
+
+def test_package_problem_without_a_key():
+    assert gpu_driver.gpu_driver_package_problem(PACKAGE_INPUTS) == (
+        "NVIDIA's package repository needs its signing key and none is configured: set "
+        "nvidia_driver_package_repository_key to the key file on the controller (NVIDIA publishes it as "
+        f"{REPO}/3bf863cc.pub), or nvidia_driver_package_key_download_allowed: true to let the host download it, or "
+        "nvidia_driver_package_repository_manage: false when the host's own repositories (a site mirror) already "
+        "carry the driver."
+    )
+
+
+def test_package_problem_names_a_key_file_that_is_not_there():
+    problem = gpu_driver.gpu_driver_package_problem(dict(PACKAGE_INPUTS, key="/nonexistent/3bf863cc.pub"))
+    assert "signing key and the key file /nonexistent/3bf863cc.pub is not a file on the controller: set " in problem
+
+
+@pytest.mark.parametrize(
+    "over",
+    [
+        {"key": "/etc/keys/3bf863cc.pub", "key_found": True},
+        {"key_download_allowed": "yes"},
+        {"manage": "false"},
+    ],
+)
+def test_package_problem_none(over):
+    assert gpu_driver.gpu_driver_package_problem(dict(PACKAGE_INPUTS, **over)) == ""
+
+
+def test_sources_problem_other_source():
+    found = {"rc": 0, "stdout_lines": ["/etc/apt/sources.list.d/cuda-ubuntu2204-x86_64.list"], "stderr": ""}
+    assert gpu_driver.gpu_driver_sources_problem(found, REPO) == (
+        f"{REPO} is already a source in /etc/apt/sources.list.d/cuda-ubuntu2204-x86_64.list (for example from "
+        "NVIDIA's cuda-keyring package); a second source line with another key breaks every apt command. Set "
+        "nvidia_driver_package_repository_manage: false to use that source, or remove it and rerun."
+    )
+
+
+def test_sources_problem_unreadable_but_not_a_missing_folder():
+    unread = {"rc": 2, "stdout_lines": [], "stderr": "grep: /etc/apt/x.list: Permission denied",
+              "stderr_lines": ["grep: /etc/apt/x.list: Permission denied"]}  # fmt: skip
+    assert gpu_driver.gpu_driver_sources_problem(unread, REPO) == (
+        f"The apt sources could not be searched for other source lines of {REPO} (grep: /etc/apt/x.list: Permission "
+        "denied). Make /etc/apt/sources.list and /etc/apt/sources.list.d readable by root, then rerun."
+    )
+    missing = {"rc": 2, "stdout_lines": [], "stderr": "grep: /etc/apt/sources.list: No such file or directory"}
+    assert gpu_driver.gpu_driver_sources_problem(missing, REPO) == ""
+    assert gpu_driver.gpu_driver_sources_problem({"rc": 1, "stdout_lines": []}, REPO) == ""
+
+
+def test_hold_failures_lists_each_failed_step():
+    selections = {
+        "results": [
+            {"item": "nvidia-driver-535", "changed": True},
+            {"item": "libnvidia-compute-535", "msg": "dpkg --set-selections failed"},
+        ]
+    }
+    held_now = {"cmd": ["apt-mark", "showhold"], "rc": 100, "stderr": "E: lock"}
+    hold = {
+        "cmd": ["dnf", "versionlock", "add", "x-535"],
+        "rc": 1,
+        "stderr_lines": ["No such command", "see dnf --help"],
+    }
+    assert gpu_driver.gpu_driver_hold_failures(selections, held_now, hold) == [
+        "dpkg_selections: dpkg --set-selections failed",
+        "apt-mark showhold failed: E: lock",
+        "dnf versionlock add x-535 failed (exit 1): No such command; see dnf --help",
+    ]
+
+
+def test_hold_failures_none_from_skipped_steps():
+    skipped = {"skipped": True, "changed": False}
+    assert gpu_driver.gpu_driver_hold_failures({"results": [], "msg": "No items in the list"}, skipped, skipped) == []
+
+
+def test_message_libcuda_names_the_install_log():
+    fields = {"method": "runfile", "libcuda": "/usr/lib64/libcuda.so.535.104.05", "version": "535.104.05"}
+    assert gpu_driver.gpu_driver_message("libcuda_missing", fields) == (
+        "The driver install (runfile) finished, but /usr/lib64/libcuda.so.535.104.05 is not there: the installer did "
+        "not install driver 535.104.05's libraries. Nothing was recorded as installed. Read the installer's log "
+        "(/var/log/nvidia-installer.log), fix what it names, and rerun."
+    )
+    package = gpu_driver.gpu_driver_message("libcuda_missing", dict(fields, method="package"))
+    assert "Read the installer's log (the package manager's output above), fix" in package
+
+
+def test_message_fabricmanager_runfile():
+    assert gpu_driver.gpu_driver_message("fabricmanager_runfile", {"host": "gpu1", "version": "535.104.05"}) == (
+        "gpu1 has NVSwitches, which need NVIDIA's fabric manager at the driver's exact version (535.104.05); the role "
+        "installs it from NVIDIA's packages only. Set nvidia_driver_method: package, or install the fabric manager "
+        "archive yourself and set nvidia_driver_fabricmanager: false."
+    )
+
+
+def test_message_unknown_id_lists_the_known():
+    with pytest.raises(AnsibleFilterError, match="no message 'libcuda'; the messages are os_unknown, "):
+        gpu_driver.gpu_driver_message("libcuda", {})

@@ -730,3 +730,126 @@ def test_reboot_local_passes(allowed, connection, manage_kernel):
 def test_reboot_local_can_be_skipped_and_is_then_reported():
     result = gpu_host.check_host(facts(reboot_allowed=True, connection="local"), {"skip_checks": ["reboot_local"]})
     assert result["ok"] and checks(result, "overridden") == ["reboot_local"]
+
+
+# gpu_host_facts: the check's input built from canned probe results, as gpu_preflight registers them.
+VENV = "/opt/tensorflow/2.12"
+ROOT_1180 = "/usr/local/cuda-11.8"
+SETUP = {
+    "distribution": "Ubuntu",
+    "distribution_major_version": "22",
+    "distribution_version": "22.04",
+    "user_id": "root",
+    "user_uid": "0",
+    "kernel": "6.1.0-27-amd64",
+    "gpu_facts": {"driver_loaded": True, "driver_version": "520.61.05", "count": 1, "gpus": []},
+}
+FINDMNT = '{"filesystems": [{"target": "/", "options": "rw", "avail": 53687091200}]}'
+APPS = "4242, python3, GPU-3f1c2a7e-5b9d-4c11-8e2a-9d0b7c6e4a21, 30512\n"
+
+
+def probe_inputs(**over):
+    state = {
+        "stat": {"/var/lib/dkms/mok.pub": {"exists": True}, "/lib/modules/6.1.0-27-amd64/build": {"exists": True}},
+        "read": {"/proc/modules": "nvidia 56508416 0 - Live 0x0\n"},
+        "glob": {"/lib/modules/*/": ["/lib/modules/6.1.0-27-amd64/", "/lib/modules/6.8.0-1-amd64/"]},
+        "run": {
+            "findmnt": {"rc": 0, "stdout": FINDMNT},
+            "installers": {"rc": 0, "stdout": "77 /bin/sh ./cuda_11.8.0_linux.run --silent\n"},
+            "compute_apps": {"rc": 0, "stdout": APPS},
+            "secure_boot": {"rc": 0, "stdout": "SecureBoot enabled\n"},
+        },
+    }
+    present = {
+        "stat": {ROOT_1180: {"exists": False}, VENV: {"exists": True}},
+        "glob": {VENV + "/*": [VENV + "/data.csv"], VENV + "/.*": [VENV + "/.git"]},
+    }
+    base = {
+        "state": state,
+        "present": present,
+        "installed_paths": [ROOT_1180, VENV],
+        "venv_paths": [VENV],
+        "supported_os": {"Ubuntu": ["22.04"]},
+        "manage_kernel": True,
+        "kernel_build": "/lib/modules/6.1.0-27-amd64/build",
+        "dkms_signing_key": "/var/lib/dkms/mok.pub",
+        "headers_installable": False,
+        "headers_package": "linux-headers-6.1.0-27-amd64",
+        "driver_version": "535.104.05",
+        "driver_install": "yes",
+        "cache_dir": "/var/cache/gpu-artifacts",
+        "cuda_tmpdir": "/var/tmp/cuda",
+        "driver_tmpdir": "/var/tmp/drv",
+        "min_free_mib": 0,
+        "module_signing_key": "",
+        "module_signing_certificate": "",
+        "key_found": False,
+        "certificate_found": False,
+        "reboot_allowed": False,
+        "expected_gpu_count": None,
+        "connection": "",
+    }
+    base.update(over)
+    return base
+
+
+def built(setup=None, **over):
+    return gpu_host.host_facts(
+        setup or SETUP, {"stacks": [dict(STACK, name="tf212")], "driver": DRIVER}, probe_inputs(**over)
+    )
+
+
+def test_host_facts_reads_the_probes():
+    result = built()
+    assert result["os"] == {"distribution": "Ubuntu", "major_version": "22", "version": "22.04"}
+    assert result["user"] == {"name": "root", "uid": 0}
+    assert result["present"] == [VENV]
+    assert result["venv_entries"] == [VENV + "/data.csv", VENV + "/.git"]
+    assert result["venvs"] == {"tf212": VENV}
+    assert result["mounts"] == [{"mount": "/", "options": "rw", "size_available": 50 * GIB}]
+    assert result["installed_kernels"] == ["6.1.0-27-amd64", "6.8.0-1-amd64"]
+    assert result["signing_key"] is True and result["kernel_headers"] is True
+    assert result["secure_boot"] == "SecureBoot enabled\n"
+    assert result["installers"] == ["77 /bin/sh ./cuda_11.8.0_linux.run --silent"]
+    assert result["connection"] == "ssh"
+    assert [p["variable"] for p in result["exec_paths"]] == ["cuda_toolkit_tmpdir", "nvidia_driver_tmpdir"]
+
+
+def test_host_facts_space_leaves_out_what_is_present():
+    purposes = [need["purpose"] for need in built()["space"]]
+    # The venv exists; the toolkit and the driver (520 loaded, 535 pinned) do not.
+    assert purposes == ["artifact cache", "CUDA installer scratch", "CUDA toolkits", "driver installer scratch"]
+
+
+def test_host_facts_driver_change_needs_an_install_and_another_loaded_driver():
+    assert built()["driver_change"] is True
+    assert built(driver_install=False)["driver_change"] is False
+    assert built(driver_version="520.61.05")["driver_change"] is False
+    unloaded = dict(SETUP, gpu_facts={"driver_loaded": False, "driver_version": None})
+    assert built(unloaded)["driver_change"] is False
+
+
+def test_host_facts_reads_compute_apps_only_from_a_loaded_driver_that_answered():
+    assert [app["pid"] for app in built()["compute_apps"]] == [4242]
+    unloaded = dict(SETUP, gpu_facts={"driver_loaded": False, "driver_version": None})
+    assert built(unloaded)["compute_apps"] == []
+    failed = probe_inputs()["state"]
+    failed["run"]["compute_apps"] = {"rc": 9, "stdout": APPS}
+    assert built(state=failed)["compute_apps"] == []
+
+
+def test_host_facts_kernel_headers_missing_unless_installable_or_not_probed():
+    state = probe_inputs()["state"]
+    state["stat"]["/lib/modules/6.1.0-27-amd64/build"] = {"exists": False}
+    assert built(state=state)["kernel_headers"] is False
+    assert built(state=state, headers_installable=True)["kernel_headers"] is True
+    # No kernel probe (no kernel modules on this host): nothing to stop on.
+    bare = {"stat": {}, "read": {}, "glob": {}, "run": {"findmnt": {"rc": 0, "stdout": FINDMNT}}}
+    result = built(state=bare, manage_kernel=False)
+    assert result["kernel_headers"] is True and result["proc_modules"] == "" and result["secure_boot"] is None
+
+
+def test_host_facts_feed_the_check():
+    result = gpu_host.check_host(built(reboot_allowed="true", connection="local"))
+    assert checks(result) == ["venv_occupied", "reboot_local", "installer_running", "gpus_busy"]
+    assert result["problems"][0]["cause"].startswith(f"{VENV} (venv of stack tf212) exists and is not a virtual")

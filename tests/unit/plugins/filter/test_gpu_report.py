@@ -7,6 +7,9 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import pytest
+from ansible.errors import AnsibleFilterError
+
 ROOT = Path(__file__).resolve().parents[4]
 sys.path.insert(0, str(ROOT / "plugins" / "filter"))
 sys.path.insert(0, str(ROOT / "roles" / "gpu_verify" / "files"))
@@ -260,3 +263,71 @@ def test_a_collected_unhealthy_host_still_passes_verification_and_fails_its_heal
     assert report["hosts"]["gpu1"]["health"]["status"] == "unhealthy"
     suite = ET.fromstring(fleet_report.format_junit(report))
     assert [c.get("name") for c in suite.findall("testcase") if c.find("failure") is not None] == ["health"]
+
+
+VERIFY_STACK = {
+    "name": "tf215",
+    "venv": "/opt/tensorflow/2.15",
+    "cuda_toolkit": {"series": "12.2", "root": "/usr/local/cuda-12.2"},
+    "cudnn": {"short": "8.9"},
+    "tensorflow": {"version": "2.15.1"},
+}
+VERIFY_SETTINGS = {
+    "install_dir": "/opt/gpu-verify",
+    "expected_gpu_count": 4,
+    "driver": {"version": "535.104.05"},
+    "cpu_replicas": 0,
+    "timeout": 600,
+    "learning_rate": 0.01,
+    "nvidia_smi": "nvidia-smi",
+    "default_symlink": "/usr/local/cuda",
+    "kernel_dir": "/usr/local/share/jupyter/kernels",
+    "mixed_precision": False,
+    "fabricmanager": False,
+    "scaling": False,
+    "scaling_threshold": 0.75,
+    "multiworker": False,
+}
+
+
+def verify_argv(stack=None, **over):
+    return gpu_report.gpu_verify_argv(stack or VERIFY_STACK, dict(VERIFY_SETTINGS, **over))
+
+
+def test_verify_argv_for_a_plain_stack():
+    assert verify_argv() == [
+        "/opt/tensorflow/2.15/bin/python", "/opt/gpu-verify/gpu_verify.py", "--stack", "tf215",
+        "--expected-gpus", "4", "--expect-driver", "535.104.05",
+        "--expect-cuda", "12.2", "--cuda-root", "/usr/local/cuda-12.2",
+        "--expect-cudnn", "8.9", "--expect-tensorflow", "2.15.1",
+        "--cpu-replicas", "0", "--timeout", "600", "--learning-rate", "0.01", "--nvidia-smi", "nvidia-smi",
+        "--kernel-dir", "/usr/local/share/jupyter/kernels",
+    ]  # fmt: skip
+
+
+def test_verify_argv_without_a_pinned_driver_expects_none():
+    argv = verify_argv(driver=None)
+    assert argv[argv.index("--expect-driver") + 1] == ""
+
+
+def test_verify_argv_checks_the_default_symlink_only_for_the_default_stack():
+    assert "--default-symlink" not in verify_argv()
+    argv = verify_argv(dict(VERIFY_STACK, default=True))
+    assert argv[argv.index("--default-symlink") + 1] == "/usr/local/cuda"
+    assert argv.index("--default-symlink") < argv.index("--kernel-dir")
+
+
+def test_verify_argv_flags_read_as_ansible_booleans():
+    argv = verify_argv(mixed_precision="yes", fabricmanager=True)
+    assert argv[-2:] == ["--mixed-precision", "--expect-fabricmanager"]
+    assert "--mixed-precision" not in verify_argv(mixed_precision="false")
+
+
+def test_verify_argv_scaling_only_on_one_host():
+    assert verify_argv(scaling=True)[-3:] == ["--scaling", "--scaling-threshold", "0.75"]
+    assert "--scaling" not in verify_argv(scaling=True, multiworker=True)
+
+
+def test_verify_argv_names_a_stack_that_is_not_resolved():
+    with pytest.raises(AnsibleFilterError, match="stack 'tf215' is not resolved"):
+        verify_argv(dict(VERIFY_STACK, cudnn=None))

@@ -469,3 +469,80 @@ def test_bad_hook_settings_stop_the_first_batch_with_cause_and_fix(tmp_path: Pat
     assert run.returncode != 0
     assert message in run.stdout
     assert "Batch 2 of" not in run.stdout
+
+
+# The settings check, the plan and the busy note as filters (the play above runs them through Ansible).
+ROLLOUT = {
+    "drain_command": [],
+    "drain_tasks": "",
+    "drain_tasks_found": False,
+    "undrain_command": [],
+    "undrain_tasks": "",
+    "undrain_tasks_found": False,
+    "hook_host": "",
+    "inventory_hosts": ["gpu01", "gpu02", "gpu03"],
+    "batch": ["gpu02", "gpu01"],
+    "play_hosts": ["gpu01", "gpu02", "gpu03"],
+    "planned": ["gpu01", "gpu02"],
+    "serial": 2,
+}
+
+
+def test_rollout_problems_none_for_matching_batches_and_paired_hooks():
+    assert gpu_rollout.gpu_rollout_problems(ROLLOUT) == []
+    hooks = dict(ROLLOUT, drain_command=["true"], undrain_tasks="/etc/undrain.yml", undrain_tasks_found=True)
+    assert gpu_rollout.gpu_rollout_problems(dict(hooks, hook_host="localhost")) == []
+
+
+def test_rollout_problems_a_planned_host_that_left_the_play_is_no_difference():
+    assert gpu_rollout.gpu_rollout_problems(dict(ROLLOUT, batch=["gpu01"], play_hosts=["gpu01", "gpu03"])) == []
+
+
+def test_rollout_problems_names_every_problem_at_once():
+    settings = dict(
+        ROLLOUT, drain_tasks="hooks/drain.yml", drain_tasks_found=True, hook_host="slurmctl01", batch=["gpu01"]
+    )
+    found = gpu_rollout.gpu_rollout_problems(settings)
+    assert [text.split(" ", 1)[0] for text in found] == [
+        "Only",
+        "gpu_rollout_drain_tasks",
+        "gpu_rollout_hook_host",
+        "This",
+    ]
+    assert found[-1].startswith(
+        "This batch is gpu01, but gpu_rollout_serial 2 makes it gpu01, gpu02: gpu_rollout_serial is set where the "
+        "play's serial cannot see it"
+    )
+
+
+def test_rollout_problems_an_absolute_task_file_that_is_not_there():
+    settings = dict(ROLLOUT, drain_command=["true"], undrain_tasks="/nonexistent/undrain.yml")
+    assert gpu_rollout.gpu_rollout_problems(settings) == [
+        "gpu_rollout_undrain_tasks is /nonexistent/undrain.yml, which is not an absolute path of a file on the "
+        "controller. Give the task file's full path, or leave it empty."
+    ]
+
+
+def test_rollout_plan_note():
+    note = gpu_rollout.gpu_rollout_plan_note(
+        [["gpu01"], ["gpu02", "gpu03"]],
+        ["gpu02", "gpu03"],
+        {"hosts": 3, "serial": [1, "100%"], "max_fail_percentage": 0},
+    )
+    assert note == (
+        "Batch 2 of 2 (gpu02, gpu03) of the rolling reprovisioning of 3 hosts (gpu_rollout_serial [1, '100%']). Each "
+        "batch is verified before the next starts; more than 0 % failed hosts in a batch "
+        "(gpu_rollout_max_fail_percentage) stops the rollout."
+    )
+
+
+def test_rollout_busy_note_skipped_or_forced():
+    apps = [{"pid": 4242, "process_name": "python3", "gpu_uuid": "GPU-1", "used_memory_mib": 1024}]
+    assert gpu_rollout.gpu_rollout_busy_note(apps, "gpu01", True) == (
+        "Skipped: gpu01's GPUs run compute processes: python3 pid 4242 (1024 MiB on GPU-1). It is not drained or "
+        "changed in this run; rerun playbooks/reprovision.yml when those jobs end, or set gpu_rollout_force_busy: true."
+    )
+    assert gpu_rollout.gpu_rollout_busy_note(apps, "gpu01", "false") == (
+        "Going ahead (gpu_rollout_force_busy): gpu01's GPUs run compute processes: python3 pid 4242 (1024 MiB on "
+        "GPU-1). nvidia_driver still stops before changing the driver under them unless nvidia_driver_allow_busy_gpus."
+    )

@@ -1117,3 +1117,44 @@ def test_a_role_that_runs_before_the_stacks_are_resolved_names_the_cause_and_the
     assert message.startswith("cudnn reads the pinned stacks")
     assert "gpu_preflight_resolved_stacks" in message
     assert "tasks_from: stacks" in message and "`always`" in message
+
+
+HOST_PINS = {
+    "python_versions": {"/usr/bin/python3.11": "3.11.2"},
+    "default_python": "/usr/bin/python3.11",
+    "driver_version": "535.104.05",
+    "driver_install": True,
+    "driver_method": "package",
+    "current_default": "tf2.15",
+}
+LOADED = {"gpu_facts": {"driver_version": "525.147.05", "gpus": [{"index": 0, "compute_capability": "8.0"}]}}
+
+
+def test_stacks_host_checks_against_the_pinned_driver_when_the_run_installs_it():
+    host = gpu_stack.stacks_host(LOADED, HOST_PINS)
+    assert host == {
+        "python_versions": {"/usr/bin/python3.11": "3.11.2"},
+        "default_python": "/usr/bin/python3.11",
+        "driver_version": "535.104.05",
+        "driver_install": True,
+        "driver_method": "package",
+        "current_default": "tf2.15",
+        "gpus": [{"index": 0, "compute_capability": "8.0"}],
+    }
+
+
+def test_stacks_host_checks_against_the_loaded_driver_otherwise():
+    host = gpu_stack.stacks_host(LOADED, dict(HOST_PINS, driver_install="no"))
+    assert host["driver_version"] == "525.147.05" and host["driver_install"] is False
+
+
+def test_stacks_host_without_gpu_facts_has_no_driver_and_no_gpus():
+    host = gpu_stack.stacks_host({}, dict(HOST_PINS, driver_install=False, current_default=None))
+    assert (host["driver_version"], host["gpus"], host["current_default"]) == ("", [], "")
+    unloaded = gpu_stack.stacks_host({"gpu_facts": {"driver_version": None}}, dict(HOST_PINS, driver_install=False))
+    assert unloaded["driver_version"] == ""
+
+
+def test_stacks_host_is_the_filter_gpu_stacks_host():
+    pins = dict(HOST_PINS, driver_install=False)
+    assert gpu_stack.FilterModule().filters()["gpu_stacks_host"](LOADED, pins)["driver_version"] == "525.147.05"

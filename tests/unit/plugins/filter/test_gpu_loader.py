@@ -1,0 +1,43 @@
+"""Why a refresh of the loader cache fails the host (gpu_env's ldconfig), in the words the role used."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[4]
+sys.path.insert(0, str(ROOT / "plugins" / "filter"))
+
+import gpu_loader
+
+COPY = "ldconfig: /usr/local/cuda-12.2/lib64/libcudnn.so.8 is not a symbolic link"
+FIX = (
+    'A file named "is not a symbolic link" is a library\'s soname name (such as libcudnn.so.8) that is a copy, not a '
+    "link to the versioned file: replace it with the link (ln -sf <versioned file> <name> in its folder), or "
+    "reinstall what put it there, then rerun."
+)
+
+
+def test_a_complaint_on_stderr_fails_although_ldconfig_exited_0():
+    result = {"rc": 0, "stderr": COPY + "\n", "stderr_lines": [COPY]}
+    assert gpu_loader.gpu_ldconfig_problem(result) == (
+        f"ldconfig complained while refreshing the loader cache: {COPY}. {FIX}"
+    )
+
+
+def test_an_exit_status_without_a_message():
+    assert gpu_loader.gpu_ldconfig_problem({"rc": 1, "stderr": "", "stderr_lines": []}) == (
+        f"ldconfig exited 1 while refreshing the loader cache: no message. {FIX}"
+    )
+
+
+def test_every_line_is_named():
+    lines = [COPY, "ldconfig: /usr/lib/libfoo.so.1 is not a symbolic link"]
+    text = gpu_loader.gpu_ldconfig_problem({"rc": 0, "stderr": "\n".join(lines), "stderr_lines": lines})
+    assert f"cache: {lines[0]}; {lines[1]}. A file" in text
+
+
+def test_a_quiet_run_or_a_skipped_one_is_no_problem():
+    assert gpu_loader.gpu_ldconfig_problem({"rc": 0, "stderr": "", "stderr_lines": []}) == ""
+    assert gpu_loader.gpu_ldconfig_problem({"skipped": True, "changed": False}) == ""
+    assert gpu_loader.gpu_ldconfig_problem(None) == ""
