@@ -19,6 +19,7 @@ from typing import Any
 
 from ansible.errors import AnsibleActionFail, AnsibleLookupError
 from ansible.module_utils.parsing.convert_bool import boolean
+from ansible_collections.gpu_fleet.tf_hosts.plugins.lookup.artifact_sha256 import checksums
 from ansible_collections.gpu_fleet.tf_hosts.plugins.lookup.collection_path import documented_default
 from ansible_collections.gpu_fleet.tf_hosts.plugins.plugin_utils.action_runner import ActionRunner
 
@@ -85,6 +86,29 @@ def damaged(path: str, got: str | None, expected: str, removed: bool) -> str:
         f"{posixpath.basename(path)} on the host has sha256 {got or 'none (the file is gone)'}, expected {expected}: "
         f"the copy was damaged in transit or on disk. Check the host's disk {fix}"
     )
+
+
+# The lookup artifact_sha256's cache: a copy gpu_artifacts hashed in this or an earlier run is not read again.
+SHA256_CACHE = ".gpu-artifacts-sha256.json"
+
+
+def controller_copy_problem(src: str, sha256: str) -> str:
+    """Why the controller's copy at ``src`` cannot be pushed ("" when it is the pinned file): a run of one
+    phase or tag has not had gpu_artifacts check it, so a missing or wrong copy is named here, before the
+    host is blamed for it."""
+    (found,) = checksums([src], SHA256_CACHE, remember=False)
+    fix = (
+        "Run playbooks/preflight.yml (or --tags gpu_artifacts), which fetches and checks NVIDIA's files on the "
+        "controller, or point gpu_artifacts_controller_dir at the folder that holds the pinned file."
+    )
+    if not found["exists"]:
+        return f"{src} is not on the controller, so it cannot be pushed to the host. {fix}"
+    if (found["checksum"] or "").lower() != sha256:
+        return (
+            f"{src} on the controller has sha256 {found['checksum']}, but its pin is {sha256}: the controller's copy "
+            f"is corrupt or not the pinned file. Nothing was pushed. Download it again, or {fix[0].lower()}{fix[1:]}"
+        )
+    return ""
 
 
 def combined(steps: list[dict]) -> dict:
@@ -164,6 +188,8 @@ class ActionModule(ActionRunner):
             steps.append(self._module("ansible.legacy.file", file_args, task_vars))
         elif need == "push":
             src = os.path.join(str(self._setting("controller_dir", task_vars)), artifact["file"])
+            if problem := controller_copy_problem(src, sha256):
+                return {**combined(steps), "failed": True, "msg": problem}
             copy_args = {"src": src, "dest": path, **ROOT_OWNED, "mode": FILE_MODE}
             steps.append(self._run_action("ansible.legacy.copy", copy_args, task_vars))
         done = combined(steps)

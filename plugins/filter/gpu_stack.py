@@ -1098,10 +1098,10 @@ def stacks_unresolved(role: str) -> str:
     """Why ``role`` stops when no earlier task of the run published the resolved stacks, and the fix."""
     return (
         f"{role} reads the pinned stacks that gpu_preflight resolves (gpu_preflight_resolved_stacks), and no "
-        "earlier task of this run published them. Run gpu_fleet.tf_hosts.gpu_preflight before it in the play: "
-        "its main entry point (the checks), or its entry point `stacks` as an include_role task with "
-        "tasks_from: stacks (the collection's playbooks do this in playbooks/tasks/stacks.yml). With --tags, "
-        "give that task the tag `always`."
+        "earlier task of this run published them. Run gpu_fleet.tf_hosts.gpu_preflight before it: list it first "
+        "in the play's roles, or, for the stacks alone, put in pre_tasks an include_role of it with tasks_from: "
+        "stacks (the collection's playbooks do, in playbooks/tasks/stacks.yml). With --tags, tag that role or task "
+        "`always`; an include_role also needs apply: {tags: [always]}."
     )
 
 

@@ -19,8 +19,11 @@ description:
     host again; a pushed copy that differs from its pin is removed and the task fails, naming the file,
     both checksums, the cause and the fix. The folder is made root's C(0700), the file root's C(0600), each
     only where it differs.
-  - A host copy that matches the pin needs nothing from the controller, whose copy is not hashed again here
-    (gpu_artifacts checks it against the same pin once per run, for all hosts).
+  - A host copy that matches the pin needs nothing from the controller. Before a push the controller's copy is
+    checked against the same pin (hashed once while unchanged, with the cache of the lookup
+    P(gpu_fleet.tf_hosts.artifact_sha256#lookup)); a missing or wrong copy stops the task before the host is
+    touched, naming the controller's file and the fix, since a run of one phase or tag has not had gpu_artifacts
+    check it.
   - O(state=absent) removes the file after a verified install, unless O(keep_cache) is true. It removes only a
     file that can be there - one that this run pushed (O(pushed)) or that gpu_preflight found in the cache
     (O(cache_files)) - or, where what the cache holds is unknown, always; a converged host whose cache is

@@ -137,6 +137,37 @@ class Host(gpu_artifact.ActionModule):
         return {"changed": True}
 
 
+@pytest.fixture(autouse=True)
+def pinned_controller_copy(monkeypatch):
+    """The recorded host's tests: the controller's copy is the pinned file (its own tests are below)."""
+    monkeypatch.setattr(
+        gpu_artifact, "checksums", lambda paths, *_, **__: [{"path": p, "exists": True, "checksum": PIN} for p in paths]
+    )
+
+
+def test_the_controller_copy_is_named_when_missing_or_not_the_pinned_file(tmp_path, monkeypatch):
+    monkeypatch.undo()
+    src = tmp_path / "x.run"
+    missing = gpu_artifact.controller_copy_problem(str(src), PIN)
+    assert missing.startswith(f"{src} is not on the controller, so it cannot be pushed to the host.")
+    assert "gpu_artifacts_controller_dir" in missing and "--tags gpu_artifacts" in missing
+    src.write_bytes(b"runfile\n")
+    assert gpu_artifact.controller_copy_problem(str(src), PIN) == ""
+    wrong = gpu_artifact.controller_copy_problem(str(src), "0" * 64)
+    assert wrong.startswith(f"{src} on the controller has sha256 {PIN}, but its pin is {'0' * 64}")
+    assert "Nothing was pushed" in wrong and "host" not in wrong.split(":")[0]
+
+
+def test_a_push_of_a_bad_controller_copy_stops_before_the_host_is_touched(monkeypatch):
+    monkeypatch.setattr(
+        gpu_artifact, "checksums", lambda paths, *_, **__: [{"path": paths[0], "exists": False, "checksum": None}]
+    )
+    host = Host(folders={FOLDER: "0700"}, **SETTINGS)
+    done = host._present(PATH, {})
+    assert done["failed"] and "is not on the controller" in done["msg"]
+    assert host.calls == [("look", FOLDER, PATH, PATH)]
+
+
 def test_a_converged_cache_costs_one_round_trip_and_changes_nothing():
     host = Host(files={PATH: PINNED}, folders={FOLDER: "0700"})
     assert host._present(PATH, SETTINGS) == {"changed": False}
@@ -270,9 +301,11 @@ def test_a_real_run_pushes_once_keeps_what_it_should_and_removes_the_rest(tmp_pa
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the cache is root's: run as root, as the test hosts are")
-def test_a_real_run_whose_copy_is_not_the_pinned_file_removes_it_and_fails(tmp_path):
+def test_a_real_run_whose_controller_copy_is_not_the_pinned_file_pushes_nothing_and_fails(tmp_path):
     run, folder = _run(tmp_path, "0" * 64)
     assert run.returncode != 0
-    assert f"x.run on the host has sha256 {PIN}, expected {'0' * 64}" in run.stdout
-    assert "the corrupt copy was removed." in run.stdout
-    assert list(folder.iterdir()) == []
+    # The controller's copy is checked before the push: here it is the one not matching its pin.
+    assert f"x.run on the controller has sha256 {PIN}, but its pin is {'0' * 64}" in run.stdout
+    assert "Nothing was pushed." in run.stdout
+    # The first task (check mode) already stops there: not even the cache folder is made.
+    assert "Would push" in run.stdout and not folder.exists()

@@ -1117,6 +1117,7 @@ def test_a_role_that_runs_before_the_stacks_are_resolved_names_the_cause_and_the
     assert message.startswith("cudnn reads the pinned stacks")
     assert "gpu_preflight_resolved_stacks" in message
     assert "tasks_from: stacks" in message and "`always`" in message
+    assert "pre_tasks" in message and "apply: {tags: [always]}" in message
 
 
 HOST_PINS = {
