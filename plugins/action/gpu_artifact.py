@@ -92,11 +92,12 @@ def damaged(path: str, got: str | None, expected: str, removed: bool) -> str:
 SHA256_CACHE = ".gpu-artifacts-sha256.json"
 
 
-def controller_copy_problem(src: str, sha256: str) -> str:
+def controller_copy_problem(src: str, sha256: str, remember: bool = True) -> str:
     """Why the controller's copy at ``src`` cannot be pushed ("" when it is the pinned file): a run of one
     phase or tag has not had gpu_artifacts check it, so a missing or wrong copy is named here, before the
-    host is blamed for it."""
-    (found,) = checksums([src], SHA256_CACHE, remember=False)
+    host is blamed for it. The hash is remembered (not in check mode), so the other hosts' pushes of the
+    same file read the cache instead of the file."""
+    (found,) = checksums([src], SHA256_CACHE, remember=remember)
     fix = (
         "Run playbooks/preflight.yml (or --tags gpu_artifacts), which fetches and checks NVIDIA's files on the "
         "controller, or point gpu_artifacts_controller_dir at the folder that holds the pinned file."
@@ -188,7 +189,7 @@ class ActionModule(ActionRunner):
             steps.append(self._module("ansible.legacy.file", file_args, task_vars))
         elif need == "push":
             src = os.path.join(str(self._setting("controller_dir", task_vars)), artifact["file"])
-            if problem := controller_copy_problem(src, sha256):
+            if problem := controller_copy_problem(src, sha256, remember=not self._task.check_mode):
                 return {**combined(steps), "failed": True, "msg": problem}
             copy_args = {"src": src, "dest": path, **ROOT_OWNED, "mode": FILE_MODE}
             steps.append(self._run_action("ansible.legacy.copy", copy_args, task_vars))

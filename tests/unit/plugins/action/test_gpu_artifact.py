@@ -153,6 +153,7 @@ def test_the_controller_copy_is_named_when_missing_or_not_the_pinned_file(tmp_pa
     assert "gpu_artifacts_controller_dir" in missing and "--tags gpu_artifacts" in missing
     src.write_bytes(b"runfile\n")
     assert gpu_artifact.controller_copy_problem(str(src), PIN) == ""
+    assert (tmp_path / gpu_artifact.SHA256_CACHE).is_file(), "the next host's push reads the cache"
     wrong = gpu_artifact.controller_copy_problem(str(src), "0" * 64)
     assert wrong.startswith(f"{src} on the controller has sha256 {PIN}, but its pin is {'0' * 64}")
     assert "Nothing was pushed" in wrong and "host" not in wrong.split(":")[0]
