@@ -4,16 +4,9 @@ stacks themselves (playbooks/tasks/stacks.yml does, once per run)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import yaml
-
-ROOT = Path(__file__).resolve().parents[2]
-PLAYBOOK = Path(sys.executable).parent / "ansible-playbook"
+from helpers import localhost_playbook
 
 # (role, entry point): every entry point that reads the stacks and is reached before any host task.
 # Required inputs of a role are given (gpu_artifacts, gpu_verify), so that only the stacks are missing.
@@ -42,19 +35,7 @@ def test_a_role_run_before_the_stacks_are_resolved_stops_naming_the_fix(tmp_path
         }
     ]
     (tmp_path / "play.yml").write_text(yaml.safe_dump(play))
-    env = dict(
-        os.environ,
-        ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"),
-        ANSIBLE_FORCE_COLOR="0",
-        ANSIBLE_HOME=str(tmp_path / ".ansible"),
-    )
-    run = subprocess.run(
-        [str(PLAYBOOK), str(tmp_path / "play.yml"), "-i", "localhost,", "-c", "local"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
+    run = localhost_playbook(tmp_path / "play.yml", {"ANSIBLE_HOME": str(tmp_path / ".ansible")})
     assert run.returncode == 2, run.stdout[-2000:]
     assert "Stop when no earlier task of the run resolved the pinned stacks" in run.stdout
     assert f"{role} reads the pinned stacks that gpu_preflight resolves" in run.stdout
