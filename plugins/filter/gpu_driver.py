@@ -19,11 +19,12 @@ Each filter is documented in ``<filter name>.yml`` beside this file.
 from __future__ import annotations
 
 import re
-from typing import Any, NamedTuple
+from typing import Any
 
 from ansible.errors import AnsibleFilterError
 from ansible.module_utils.parsing.convert_bool import boolean
 from ansible_collections.gpu_fleet.tf_hosts.plugins.module_utils.gpu_parsers import parse_proc_driver_version
+from ansible_collections.gpu_fleet.tf_hosts.plugins.plugin_utils.message import Message
 
 # A driver release as NVIDIA writes it (520.61.05, 515.76); the first part is the branch.
 DRIVER_VERSION = re.compile(r"^(\d+)\.\d+(?:\.\d+)?$")
@@ -375,16 +376,6 @@ def gpu_driver_repository(packages: dict[str, Any], url: str = "", key_file: str
         "key_url": str(repository.get("key_url") or ""),
         "url": base,
     }
-
-
-class Message(NamedTuple):
-    """Text of one of nvidia_driver's stops; ``cause`` and ``fix`` are ``str.format`` templates."""
-
-    cause: str
-    fix: str
-
-    def text(self, **fields: Any) -> str:
-        return f"{self.cause.format(**fields)} {self.fix.format(**fields)}"
 
 
 # Every stop of nvidia_driver's package method and its install record, by id.

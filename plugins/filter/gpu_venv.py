@@ -12,20 +12,10 @@ Each is documented in plugins/filter/<name>.yml.
 from __future__ import annotations
 
 import re
-from typing import Any, NamedTuple
+from typing import Any
 
 from ansible.module_utils.parsing.convert_bool import boolean
-
-
-class Message(NamedTuple):
-    """Text of one stop; ``cause`` and ``fix`` are ``str.format`` templates."""
-
-    cause: str
-    fix: str
-
-    def text(self, **fields: Any) -> str:
-        return f"{self.cause.format(**fields)} {self.fix.format(**fields)}"
-
+from ansible_collections.gpu_fleet.tf_hosts.plugins.plugin_utils.message import Message
 
 # The --check plan's line for a venv, by what would happen to it.
 PLAN_TEXTS = {
