@@ -10,6 +10,9 @@
   Installation Guide, https://docs.nvidia.com/datacenter/tesla/driver-installation-guide/
   ("Compute-only (Headless) and Desktop-only (no Compute) Installation" per distribution).
 
+- ``gpu_driver_found`` reads the role's one probe against the pins (installed or not, the loaded module, the
+  plan) and ``gpu_driver_problems`` lists why the decided method cannot start, so that the role's check is a
+  probe and two tasks instead of a task per decision.
 - ``gpu_driver_package_problem``, ``gpu_driver_sources_problem``, ``gpu_driver_hold_failures`` and
   ``gpu_driver_message`` word the role's stops from the catalog ``MESSAGES`` (cause, then fix).
 
@@ -23,6 +26,7 @@ from typing import Any
 
 from ansible.errors import AnsibleFilterError
 from ansible.module_utils.parsing.convert_bool import boolean
+from ansible_collections.gpu_fleet.tf_hosts.plugins.filter.gpu_plan import gpu_plan_driver
 from ansible_collections.gpu_fleet.tf_hosts.plugins.module_utils.gpu_parsers import parse_proc_driver_version
 from ansible_collections.gpu_fleet.tf_hosts.plugins.plugin_utils.message import Message
 
@@ -407,6 +411,23 @@ MESSAGES: dict[str, Message] = {
         "Set nvidia_driver_method: package, or install the fabric manager archive yourself and set "
         "nvidia_driver_fabricmanager: false.",
     ),
+    "packages_uninstallable": Message(
+        "The driver packages {packages} cannot be installed here: {error}.",
+        "Check that the repository ({url}) has driver {version} for this OS, or pin a version it has. Nothing was "
+        "changed on the driver.",
+    ),
+    "gpus_busy": Message(
+        "The driver would be (re)installed while GPUs run compute processes: {processes}.",
+        "Drain the host (stop those jobs) and rerun, or set nvidia_driver_allow_busy_gpus: true to go ahead anyway.",
+    ),
+    "kernel_skipped": Message(
+        "Kernel-module steps skipped on {host}: it is a {virtualization} container, whose kernel belongs to its host.",
+        "Only the driver's user-space part is installed here.",
+    ),
+    "reboot_needed": Message(
+        "The loaded NVIDIA kernel module is not {version} ({loaded}).",
+        "Reboot the host, or set nvidia_driver_reboot_allowed: true to let the run do it.",
+    ),
     "libcuda_missing": Message(
         "The driver install ({method}) finished, but {libcuda} is not there: the installer did not install driver "
         "{version}'s libraries. Nothing was recorded as installed.",
@@ -469,6 +490,74 @@ def gpu_driver_hold_failures(selections: dict | None, held_now: dict | None, hol
     return found
 
 
+# libcuda's soname link names the user-space driver it belongs to (libcuda.so.1 -> libcuda.so.520.61.05).
+LIBCUDA_VERSION = re.compile(r"^libcuda[.]so[.]([0-9]+[.][0-9.]+)$")
+
+
+def _found_version(recorded: str | None, libcuda_link: dict | None) -> str | None:
+    """The user-space version on the host now: the record of the last install, else libcuda's file name."""
+    if recorded:
+        return recorded
+    source = str((libcuda_link or {}).get("lnk_source") or "")
+    match = LIBCUDA_VERSION.match(source.rsplit("/", 1)[-1])
+    return match.group(1) if match else None
+
+
+def gpu_driver_found(look: dict[str, Any], inputs: dict[str, Any]) -> dict[str, Any]:
+    """What the driver probe (one ``gpu_host_state`` result) says against the pins, in one place.
+
+    ``inputs``: ``decided`` (the ``gpu_driver_method`` result), ``version`` (the pinned driver), ``libdir``,
+    ``done_file`` (the completion record), ``proc_version`` (``/proc/driver/nvidia/version``), ``manage_kernel``,
+    ``reboot_allowed``, ``packages`` (the ``gpu_driver_packages`` result, empty unless the method is package) and
+    ``installed_packages`` (``ansible_facts['packages']``).
+
+    Returns ``{installed, found_version, loaded_version, loaded_line, reboot_required, plan}``: installed only
+    when the record names this version and method and its library is there, and for packages every pinned
+    package is at its version; ``plan`` is ``gpu_plan_driver``'s item.
+    """
+    stat, read = (look or {}).get("stat") or {}, (look or {}).get("read") or {}
+    decided, version, libdir = inputs.get("decided") or {}, str(inputs.get("version")), inputs.get("libdir")
+    record = str(read.get(inputs.get("done_file")) or "").split()
+    method = decided.get("method")
+    packages = inputs.get("packages") or {}
+    missing = gpu_driver_missing_packages(packages, inputs.get("installed_packages")) if method == "package" else []
+    installed = (
+        bool((stat.get(f"{libdir}/libcuda.so.{version}") or {}).get("exists"))
+        and record[:1] == [version]
+        and (record[1:2] or ["runfile"]) == [method]
+        and not missing
+    )
+    text = read.get(inputs.get("proc_version"))
+    loaded = gpu_driver_module_version(text) if isinstance(text, str) else None
+    manage_kernel = _flag(inputs.get("manage_kernel"), "manage_kernel")
+    reboot_allowed = _flag(inputs.get("reboot_allowed"), "reboot_allowed")
+    found = _found_version(decided.get("recorded_version"), stat.get(f"{libdir}/libcuda.so.1"))
+    return {
+        "installed": installed,
+        "found_version": found,
+        "loaded_version": loaded,
+        "loaded_line": text.splitlines()[0] if isinstance(text, str) and text.strip() else "",
+        "reboot_required": manage_kernel and isinstance(text, str) and loaded != version and not reboot_allowed,
+        "plan": gpu_plan_driver(version, decided, installed, found, loaded, manage_kernel, reboot_allowed),
+    }
+
+
+def gpu_driver_problems(inputs: dict[str, Any]) -> list[str]:
+    """Every reason the decided method cannot start on this host, before any change, each cause then fix.
+
+    ``inputs``: ``method`` (decided), ``package`` (``gpu_driver_package_problem``'s inputs, read for the package
+    method only), ``fabricmanager`` (this host needs the fabric manager), ``host``, ``version`` and
+    ``proxy_problem`` (``gpu_proxy_problem`` of nvidia_driver_proxy, '' when fine).
+    """
+    problems = []
+    if inputs.get("method") == "package":
+        problems.append(gpu_driver_package_problem(inputs.get("package") or {}))
+    elif _flag(inputs.get("fabricmanager", False), "fabricmanager"):
+        problems.append(gpu_driver_message("fabricmanager_runfile", inputs))
+    problems.append(str(inputs.get("proxy_problem") or ""))
+    return [problem for problem in problems if problem]
+
+
 class FilterModule:
     """Driver version and package-method filters."""
 
@@ -484,4 +573,6 @@ class FilterModule:
             "gpu_driver_package_problem": gpu_driver_package_problem,
             "gpu_driver_sources_problem": gpu_driver_sources_problem,
             "gpu_driver_hold_failures": gpu_driver_hold_failures,
+            "gpu_driver_found": gpu_driver_found,
+            "gpu_driver_problems": gpu_driver_problems,
         }

@@ -74,6 +74,8 @@ def test_filters_are_registered() -> None:
         "gpu_driver_package_problem": gpu_driver.gpu_driver_package_problem,
         "gpu_driver_sources_problem": gpu_driver.gpu_driver_sources_problem,
         "gpu_driver_hold_failures": gpu_driver.gpu_driver_hold_failures,
+        "gpu_driver_found": gpu_driver.gpu_driver_found,
+        "gpu_driver_problems": gpu_driver.gpu_driver_problems,
     }
 
 
@@ -718,3 +720,144 @@ def test_message_fabricmanager_runfile():
 def test_message_unknown_id_lists_the_known():
     with pytest.raises(AnsibleFilterError, match="no message 'libcuda'; the messages are os_unknown, "):
         gpu_driver.gpu_driver_message("libcuda", {})
+
+
+# --- the check: one probe read against the pins, and every reason the method cannot start -------------------
+
+LIBDIR = "/usr/lib/x86_64-linux-gnu"
+DONE = "/var/lib/gpu_fleet/nvidia_driver.done"
+PROC = "/proc/driver/nvidia/version"
+RUNFILE = {"method": "runfile", "switch_from": None, "current": "runfile", "recorded_version": "520.61.05"}
+
+
+def look(record: str | None = "520.61.05\nrunfile\n", pinned_lib: bool = True, link: str = "", proc=None) -> dict:
+    """A gpu_host_state result as tasks/check.yml registers it."""
+    read = {DONE: record}
+    if proc is not None:
+        read[PROC] = proc
+    return {
+        "stat": {
+            f"{LIBDIR}/libcuda.so.520.61.05": {"exists": pinned_lib},
+            "/usr/bin/nvidia-uninstall": {"exists": True},
+            f"{LIBDIR}/libcuda.so.1": {"exists": bool(link), "lnk_source": link or None},
+        },
+        "read": read,
+    }
+
+
+def found_inputs(**over) -> dict:
+    inputs = {
+        "decided": RUNFILE,
+        "version": "520.61.05",
+        "libdir": LIBDIR,
+        "done_file": DONE,
+        "proc_version": PROC,
+        "manage_kernel": False,
+        "reboot_allowed": False,
+        "packages": {},
+        "installed_packages": {},
+    }
+    return dict(inputs, **over)
+
+
+def test_found_a_complete_runfile_install_is_installed_and_plans_nothing():
+    found = gpu_driver.gpu_driver_found(look(), found_inputs())
+    assert found == {
+        "installed": True,
+        "found_version": "520.61.05",
+        "loaded_version": None,
+        "loaded_line": "",
+        "reboot_required": False,
+        "plan": {"driver": {"change": False, "text": "driver 520.61.05 installed (runfile)"}},
+    }
+
+
+@pytest.mark.parametrize(
+    ("probe", "decided"),
+    [
+        (look(pinned_lib=False), RUNFILE),  # the record outlived the library
+        (look(record="515.76\nrunfile\n"), RUNFILE),  # another version recorded
+        (look(record="520.61.05\npackage\n"), RUNFILE),  # the other method recorded
+        (look(record=None), RUNFILE),  # an install that never finished
+    ],
+)
+def test_found_not_installed_without_a_matching_record_and_library(probe, decided):
+    assert gpu_driver.gpu_driver_found(probe, found_inputs(decided=decided))["installed"] is False
+
+
+def test_found_a_record_of_0_10_means_the_runfile():
+    assert gpu_driver.gpu_driver_found(look(record="520.61.05\n"), found_inputs())["installed"] is True
+
+
+def test_found_packages_must_all_be_at_their_version():
+    decided = dict(RUNFILE, method="package", current="package")
+    packages = {"manager": "apt", "names": ["libcuda1"], "install": ["libcuda1=520.61.05-1"],
+                "versions": {"libcuda1": "520.61.05-1"}}  # fmt: skip
+    probe = look(record="520.61.05\npackage\n")
+    at = {"libcuda1": [{"version": "520.61.05-1"}]}
+    other = {"libcuda1": [{"version": "515.76-1"}]}
+    inputs = found_inputs(decided=decided, packages=packages)
+    assert gpu_driver.gpu_driver_found(probe, dict(inputs, installed_packages=at))["installed"] is True
+    assert gpu_driver.gpu_driver_found(probe, dict(inputs, installed_packages=other))["installed"] is False
+
+
+def test_found_version_from_libcuda_without_a_record_and_the_plan_names_it():
+    probe = look(record=None, pinned_lib=False, link=f"{LIBDIR}/libcuda.so.515.76")
+    decided = {"method": "runfile", "switch_from": None, "current": "runfile", "recorded_version": None}
+    found = gpu_driver.gpu_driver_found(probe, found_inputs(decided=decided))
+    assert found["found_version"] == "515.76"
+    assert found["plan"] == {"driver": {"change": True, "text": "driver 515.76 -> 520.61.05 (runfile)"}}
+
+
+def test_found_a_loaded_module_of_another_version_needs_a_reboot_unless_the_run_may():
+    probe = look(proc=OPEN_MODULE)
+    found = gpu_driver.gpu_driver_found(probe, found_inputs(manage_kernel=True))
+    assert (found["loaded_version"], found["reboot_required"]) == ("535.104.05", True)
+    assert found["loaded_line"] == OPEN_MODULE.splitlines()[0]
+    assert (
+        gpu_driver.gpu_driver_found(probe, found_inputs(manage_kernel=True, reboot_allowed=True))["reboot_required"]
+        is False
+    )
+    assert (
+        gpu_driver.gpu_driver_found(look(proc=PROPRIETARY), found_inputs(manage_kernel=True))["reboot_required"]
+        is False
+    )
+
+
+def test_problems_none_for_a_runfile_host_without_nvswitches():
+    inputs = {"method": "runfile", "package": {}, "fabricmanager": False, "host": "gpu1", "version": "520.61.05",
+              "proxy_problem": ""}  # fmt: skip
+    assert gpu_driver.gpu_driver_problems(inputs) == []
+
+
+def test_problems_name_the_package_key_the_fabric_manager_and_the_proxy():
+    package = gpu_driver.gpu_driver_problems(
+        {"method": "package", "package": PACKAGE_INPUTS, "fabricmanager": True, "proxy_problem": "proxy bad."}
+    )
+    assert package == [gpu_driver.gpu_driver_package_problem(PACKAGE_INPUTS), "proxy bad."]
+    runfile = gpu_driver.gpu_driver_problems(
+        {"method": "runfile", "fabricmanager": "true", "host": "gpu1", "version": "535.104.05", "proxy_problem": ""}
+    )
+    assert runfile == [
+        gpu_driver.gpu_driver_message("fabricmanager_runfile", {"host": "gpu1", "version": "535.104.05"})
+    ]
+
+
+def test_messages_of_the_install_word_for_word():
+    assert gpu_driver.gpu_driver_message("gpus_busy", {"processes": "python3 pid 4242"}) == (
+        "The driver would be (re)installed while GPUs run compute processes: python3 pid 4242. Drain the host (stop "
+        "those jobs) and rerun, or set nvidia_driver_allow_busy_gpus: true to go ahead anyway."
+    )
+    fields = {"packages": "a=1 b=1", "error": "E: x", "url": REPO, "version": "535.104.05"}
+    assert gpu_driver.gpu_driver_message("packages_uninstallable", fields) == (
+        f"The driver packages a=1 b=1 cannot be installed here: E: x. Check that the repository ({REPO}) has driver "
+        "535.104.05 for this OS, or pin a version it has. Nothing was changed on the driver."
+    )
+    assert gpu_driver.gpu_driver_message("kernel_skipped", {"host": "h", "virtualization": "podman"}) == (
+        "Kernel-module steps skipped on h: it is a podman container, whose kernel belongs to its host. Only the "
+        "driver's user-space part is installed here."
+    )
+    assert gpu_driver.gpu_driver_message("reboot_needed", {"version": "535.104.05", "loaded": "NVRM x"}) == (
+        "The loaded NVIDIA kernel module is not 535.104.05 (NVRM x). Reboot the host, or set "
+        "nvidia_driver_reboot_allowed: true to let the run do it."
+    )
