@@ -5,16 +5,28 @@
 ``gpu_venv_pip_files``: a stack's venv -> the ``gpu_fleet.tf_hosts.gpu_files`` items written before pip.
 ``gpu_venv_pip_problem``, ``gpu_venv_wheel_problem``, ``gpu_venv_index_problem``: a registered result
 -> the stop's text (cause, then fix) from the catalog ``MESSAGES``.
+``gpu_venv_check_problems``: the role's settings -> what stops the host in preflight, before any change.
+``gpu_venv_lock_problems``: the stacks -> each stack's lock problem, else each wheelhouse mismatch.
+``gpu_venv_plan``: the stacks and what this run did to each -> ``tf_venv_plan``.
+``gpu_venv_download_argv``: a lock's wheel need -> the controller's ``pip download`` command.
+``gpu_venv_message``: a message id and its fields -> the text (cause, then fix).
 
 Each is documented in plugins/filter/<name>.yml.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Any
 
+from ansible.errors import AnsibleFilterError
 from ansible.module_utils.parsing.convert_bool import boolean
+from ansible_collections.gpu_fleet.tf_hosts.plugins.filter.gpu_lock import (
+    gpu_lock_wheelhouse,
+    gpu_tf_lock_name,
+    tf_lock_plan,
+)
 from ansible_collections.gpu_fleet.tf_hosts.plugins.plugin_utils.message import Message
 
 # The --check plan's line for a venv, by what would happen to it.
@@ -53,7 +65,51 @@ MESSAGES: dict[str, Message] = {
         "Fix tf_venv_pip_index_url, the proxy ({proxy_source}) or the firewall, let the controller fetch the wheels "
         "(tf_venv_wheels_from: controller), or install from a wheelhouse (tf_venv_wheelhouse).",
     ),
+    "ca_bundle_missing": Message(
+        "tf_venv_pip_ca_bundle {ca_bundle} does not exist on the controller; each venv's pip is given a copy of it.",
+        "Point tf_venv_pip_ca_bundle at the CA bundle that signs your index or proxy (often "
+        "/etc/ssl/certs/ca-certificates.crt), or leave it empty for pip's own.",
+    ),
+    "index_without_scheme": Message(
+        "The pip index URL {url} (tf_venv_pip_index_url or tf_venv_pip_extra_index_urls) has no http:// or https:// "
+        "scheme and host.",
+        "Write it in full, for example https://pypi.org/simple or https://mirror.example.com/pypi/simple, or leave "
+        "tf_venv_pip_index_url empty for pip's own.",
+    ),
+    "install_timeout": Message(
+        "tf_venv_pip_install_timeout is {timeout}; it is the seconds a venv's pip install may run before the run "
+        "stops it, at least 60.",
+        "Set it to 3600 (the default) or more behind a slow mirror.",
+    ),
+    "kernel_dir_relative": Message(
+        "tf_venv_jupyter_kernel_dir is {kernel_dir}; it is the folder on the host where a stack whose lock names "
+        "ipykernel gets its kernel spec, an absolute path.",
+        "Set it to one of Jupyter's kernel folders, /usr/local/share/jupyter/kernels (the default) or "
+        "/usr/share/jupyter/kernels.",
+    ),
+    "wheelhouse_not_locked": Message(
+        "{problems}. The wheelhouse {wheelhouse} (tf_venv_wheelhouse) does not hold the wheels of the lock {lock}:",
+        "put the locked files there (make the bundle again: playbooks/airgap_bundle.yml) or remove the others. "
+        "Nothing was pushed to the host.",
+    ),
+    "absent_env_unreadable": Message(
+        "{venv}/{env_file} cannot be read ({said}), so whether {venv} is stack {name}'s venv is not known; nothing "
+        "of it was removed.",
+        "Make the file readable by root (or remove the venv by hand), then rerun.",
+    ),
+    "absent_venv_stays": Message(
+        "{venv} stays: its {env_file} is missing or does not name stack {name} (a venv installed before tf_venv "
+        "wrote that file, or another folder).",
+        "Remove it by hand if it is that stack's venv.",
+    ),
 }
+# An index URL pip can use: a scheme and a host ("pip install", option --index-url).
+INDEX_URL = re.compile(r"^https?://[^/\s]+")
+# A pip time limit: whole seconds, at least this many.
+TIMEOUT = re.compile(r"^[0-9]+$")
+MIN_TIMEOUT = 60
+# The platform tags the locks are made for (tools/locks.py: manylinux_2_17), for the controller's pip download.
+PLATFORMS = ("manylinux2014_", "manylinux_2_17_", "linux_")
 # The user:password@ of a URL (pip documentation, "Authentication").
 CREDENTIALS = re.compile(r"(?<=://)[^/@]*@")
 # How many of a list a message names before "and N more".
@@ -178,6 +234,121 @@ def gpu_venv_index_problem(result: dict | None, inputs: dict) -> str:
     )
 
 
+def gpu_venv_message(message_id: str, **fields: Any) -> str:
+    """The text (cause, then fix) of the catalog message ``message_id`` with ``fields``."""
+    if message_id not in MESSAGES:
+        raise AnsibleFilterError(f"gpu_venv_message: no message {message_id!r}; known: {', '.join(sorted(MESSAGES))}")
+    return MESSAGES[message_id].text(**fields)
+
+
+def gpu_venv_check_problems(inputs: dict) -> list[str]:
+    """What stops the host before any change, in the order the settings are checked: ``ca_bundle`` (a
+    controller file, or empty), ``index_urls`` (already without credentials), ``install_timeout``,
+    ``kernel_dir`` and ``proxy_problem`` (the text of ``gpu_proxy_problem``, empty when usable)."""
+    found = []
+    ca_bundle = str(inputs.get("ca_bundle") or "")
+    if ca_bundle and not os.path.isfile(ca_bundle):
+        found.append(MESSAGES["ca_bundle_missing"].text(ca_bundle=ca_bundle))
+    found += [
+        MESSAGES["index_without_scheme"].text(url=url)
+        for url in inputs.get("index_urls") or []
+        if not INDEX_URL.match(str(url))
+    ]
+    timeout = inputs.get("install_timeout")
+    if not TIMEOUT.match(str(timeout)) or int(str(timeout)) < MIN_TIMEOUT:
+        found.append(MESSAGES["install_timeout"].text(timeout=timeout))
+    if not os.path.isabs(str(inputs.get("kernel_dir") or "")):
+        found.append(MESSAGES["kernel_dir_relative"].text(kernel_dir=inputs.get("kernel_dir")))
+    if inputs.get("proxy_problem"):
+        found.append(str(inputs["proxy_problem"]))
+    return found
+
+
+def _lock_text(path: str) -> str | None:
+    """A lock's text on the controller, or None where there is no such file."""
+    if not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as handle:
+        return handle.read()
+
+
+def gpu_venv_lock_problems(stacks: list[dict], inputs: dict) -> list[str]:
+    """Each stack's lock problem (``gpu_tf_lock_plan``); where there is none, each locked stack whose lock the
+    wheelhouse contradicts. ``inputs``: ``lock_dir``, ``package``, ``extras``, ``require_lock``, ``wheelhouse``
+    and ``wheel_files`` (its wheels hashed, the ``artifact_sha256`` lookup's entries)."""
+    locks = []
+    found = []
+    for stack in stacks:
+        path = f"{inputs['lock_dir']}/{gpu_tf_lock_name(stack, inputs.get('package') or 'tensorflow')}"
+        text = _lock_text(path)
+        plan = tf_lock_plan(
+            text,
+            stack,
+            path,
+            inputs.get("package") or "tensorflow",
+            inputs.get("extras"),
+            _flag(inputs["require_lock"]),
+        )
+        found += [plan["problem"]] if plan["problem"] else []
+        locks += [(path, text)] if plan["locked"] else []
+    if found or not inputs.get("wheelhouse"):
+        return found
+    for path, text in locks:
+        problems = gpu_lock_wheelhouse(text or "", inputs.get("wheel_files"))
+        if problems:
+            found.append(
+                MESSAGES["wheelhouse_not_locked"].text(
+                    problems="; ".join(problems), wheelhouse=inputs["wheelhouse"], lock=os.path.basename(path)
+                )
+            )
+    return found
+
+
+def gpu_venv_plan(stacks: list[dict], state: dict) -> dict[str, dict[str, Any]]:
+    """``tf_venv_plan``: for each stack, ``updated``'s entry (``{change, text}``, what the run did to a venv that
+    was not current), or, where the run wrote a current venv's files (``bound``, that loop's registered
+    results, each naming its stack), that it is current; then ``absent``'s entries (the stacks removed)."""
+    updated = state.get("updated") or {}
+    current = {
+        result[result.get("ansible_loop_var") or "item"]["name"]
+        for result in state.get("bound") or []
+        if not result.get("skipped")
+    }
+    current_state = {"has_python": True, "change": False, "locked": True}
+    plan = {}
+    for stack in stacks:
+        if stack["name"] in updated:
+            plan[stack["name"]] = updated[stack["name"]]
+        elif stack["name"] in current:
+            plan[stack["name"]] = {"change": False, "text": gpu_venv_plan_text(stack, current_state)}
+    plan.update(state.get("absent") or {})
+    return plan
+
+
+def gpu_venv_download_argv(need: dict, python: str) -> list[str]:
+    """The controller's ``pip download`` of a lock's wheels (``need``: ``lock``, ``dir``, ``python``, ``arch``),
+    every file checked against the lock's hashes, for the host's CPython and platform."""
+    return [
+        python,
+        "-m",
+        "pip",
+        "download",
+        "--dest",
+        need["dir"],
+        "--require-hashes",
+        "--no-deps",
+        "-r",
+        need["lock"],
+        "--only-binary=:all:",
+        "--implementation",
+        "cp",
+        "--python-version",
+        need["python"],
+        "--progress-bar",
+        "off",
+    ] + [f"--platform={prefix}{need['arch']}" for prefix in PLATFORMS]
+
+
 class FilterModule:
     """TensorFlow venv filters."""
 
@@ -189,4 +360,9 @@ class FilterModule:
             "gpu_venv_pip_problem": gpu_venv_pip_problem,
             "gpu_venv_wheel_problem": gpu_venv_wheel_problem,
             "gpu_venv_index_problem": gpu_venv_index_problem,
+            "gpu_venv_check_problems": gpu_venv_check_problems,
+            "gpu_venv_lock_problems": gpu_venv_lock_problems,
+            "gpu_venv_plan": gpu_venv_plan,
+            "gpu_venv_download_argv": gpu_venv_download_argv,
+            "gpu_venv_message": gpu_venv_message,
         }

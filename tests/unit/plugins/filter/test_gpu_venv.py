@@ -3,10 +3,12 @@ texts of the stops (as the role showed them before they moved to Python)."""
 
 from __future__ import annotations
 
+import hashlib
 import sys
 from pathlib import Path
 
 import pytest
+from ansible.errors import AnsibleFilterError
 
 ROOT = Path(__file__).resolve().parents[4]
 sys.path.insert(0, str(ROOT / "plugins" / "filter"))
@@ -196,3 +198,160 @@ def test_index_problem_names_the_port_and_no_answer():
     text = gpu_venv.gpu_venv_index_problem({"rc": 1, "stderr": ""}, inputs)
     assert text.startswith("The pip index http://127.0.0.1:9/simple cannot be reached from the host (no answer). Fix ")
     assert "the proxy (https_proxy on the host)" in text
+
+
+CHECK = {
+    "ca_bundle": "",
+    "index_urls": [],
+    "install_timeout": 3600,
+    "kernel_dir": "/usr/local/share/jupyter/kernels",
+    "proxy_problem": "",
+}
+
+
+def test_check_problems_none_for_the_defaults():
+    assert gpu_venv.gpu_venv_check_problems(CHECK) == []
+    assert (
+        gpu_venv.gpu_venv_check_problems(dict(CHECK, install_timeout="60", index_urls=["http://10.0.0.1:8080"])) == []
+    )
+
+
+def test_check_problems_each_with_its_text_as_the_role_showed_it(tmp_path):
+    bad = dict(
+        CHECK,
+        ca_bundle=str(tmp_path / "corp-ca.pem"),
+        index_urls=["https://pypi.org/simple", "pypi.example.com/simple"],
+        install_timeout=0,
+        kernel_dir="relative/kernels",
+        proxy_problem="tf_venv_proxy url is bad. Fix it.",
+    )
+    assert gpu_venv.gpu_venv_check_problems(bad) == [
+        f"tf_venv_pip_ca_bundle {tmp_path}/corp-ca.pem does not exist on the controller; each venv's pip is given a "
+        "copy of it. Point tf_venv_pip_ca_bundle at the CA bundle that signs your index or proxy (often "
+        "/etc/ssl/certs/ca-certificates.crt), or leave it empty for pip's own.",
+        "The pip index URL pypi.example.com/simple (tf_venv_pip_index_url or tf_venv_pip_extra_index_urls) has no "
+        "http:// or https:// scheme and host. Write it in full, for example https://pypi.org/simple or "
+        "https://mirror.example.com/pypi/simple, or leave tf_venv_pip_index_url empty for pip's own.",
+        "tf_venv_pip_install_timeout is 0; it is the seconds a venv's pip install may run before the run stops it, "
+        "at least 60. Set it to 3600 (the default) or more behind a slow mirror.",
+        "tf_venv_jupyter_kernel_dir is relative/kernels; it is the folder on the host where a stack whose lock names "
+        "ipykernel gets its kernel spec, an absolute path. Set it to one of Jupyter's kernel folders, "
+        "/usr/local/share/jupyter/kernels (the default) or /usr/share/jupyter/kernels.",
+        "tf_venv_proxy url is bad. Fix it.",
+    ]
+
+
+@pytest.mark.parametrize("timeout", [59, "3600s", -100, True, "1e4"])
+def test_check_problems_a_time_limit_that_is_not_whole_seconds_of_a_minute_or_more(timeout):
+    [text] = gpu_venv.gpu_venv_check_problems(dict(CHECK, install_timeout=timeout))
+    assert text.startswith(f"tf_venv_pip_install_timeout is {timeout};")
+
+
+def test_check_problems_a_link_to_the_ca_bundle_counts_as_the_file(tmp_path):
+    (tmp_path / "ca.pem").write_text("-----BEGIN CERTIFICATE-----\n")
+    (tmp_path / "link.pem").symlink_to(tmp_path / "ca.pem")
+    assert gpu_venv.gpu_venv_check_problems(dict(CHECK, ca_bundle=str(tmp_path / "link.pem"))) == []
+
+
+LOCK_STACK = {
+    "name": "tf2.12",
+    "tensorflow": {"version": "2.12.1", "package": "tensorflow-cpu"},
+    "python": {"version": "3.11.2"},
+}
+SIX = hashlib.sha256(b"the real wheel").hexdigest()
+
+
+def _locks(tmp_path):
+    (tmp_path / "tensorflow-cpu-2.12.1-py3.11.txt").write_text(f"six==1.17.0 \\\n    --hash=sha256:{SIX}\n")
+    return {
+        "lock_dir": str(tmp_path),
+        "package": "tensorflow",
+        "extras": [],
+        "require_lock": True,
+        "wheelhouse": "",
+        "wheel_files": [],
+    }
+
+
+def test_lock_problems_none_for_a_lock_that_holds_the_extras(tmp_path):
+    assert gpu_venv.gpu_venv_lock_problems([LOCK_STACK], _locks(tmp_path)) == []
+    assert gpu_venv.gpu_venv_lock_problems([LOCK_STACK], dict(_locks(tmp_path), extras=["six==1.17.0"])) == []
+
+
+def test_lock_problems_a_missing_lock_unless_not_required(tmp_path):
+    inputs = dict(_locks(tmp_path), lock_dir=str(tmp_path / "none"))
+    [text] = gpu_venv.gpu_venv_lock_problems([LOCK_STACK], inputs)
+    assert text.startswith(
+        f"Stack tf2.12 has no dependency lock: {tmp_path}/none/tensorflow-cpu-2.12.1-py3.11.txt does not exist."
+    )
+    assert gpu_venv.gpu_venv_lock_problems([LOCK_STACK], dict(inputs, require_lock="false")) == []
+
+
+def test_lock_problems_an_altered_wheel_of_the_wheelhouse(tmp_path):
+    wheel = {"path": "/srv/wheels/six-1.17.0-py2.py3-none-any.whl", "checksum": hashlib.sha256(b"altered").hexdigest()}
+    inputs = dict(_locks(tmp_path), wheelhouse="/srv/wheels", wheel_files=[wheel])
+    [text] = gpu_venv.gpu_venv_lock_problems([LOCK_STACK], inputs)
+    assert text.startswith("six-1.17.0-py2.py3-none-any.whl is not the file the lock pins")
+    assert text.endswith(
+        ". The wheelhouse /srv/wheels (tf_venv_wheelhouse) does not hold the wheels of the lock "
+        "tensorflow-cpu-2.12.1-py3.11.txt: put the locked files there (make the bundle again: "
+        "playbooks/airgap_bundle.yml) or remove the others. Nothing was pushed to the host."
+    )
+    good = dict(wheel, checksum=SIX)
+    assert gpu_venv.gpu_venv_lock_problems([LOCK_STACK], dict(inputs, wheel_files=[good])) == []
+
+
+def test_lock_problems_the_wheelhouse_only_once_every_lock_can_be_used(tmp_path):
+    wheel = {"path": "/srv/wheels/six-1.17.0-py2.py3-none-any.whl", "checksum": hashlib.sha256(b"altered").hexdigest()}
+    inputs = dict(_locks(tmp_path), wheelhouse="/srv/wheels", wheel_files=[wheel], extras=["pandas==2.2.3"])
+    [text] = gpu_venv.gpu_venv_lock_problems([LOCK_STACK], inputs)
+    assert text.startswith("tf_venv_extra_packages pandas==2.2.3 not in stack tf2.12's lock")
+
+
+def test_plan_the_updated_the_current_and_the_absent():
+    stacks = [STACK, {"name": "tf2.12", "venv": "/opt/tensorflow/2.12", "tensorflow": {"version": "2.12.1"}}]
+    bound = [
+        {"__tf_venv_stack": stacks[0], "ansible_loop_var": "__tf_venv_stack", "skipped": True},
+        {"__tf_venv_stack": stacks[1], "ansible_loop_var": "__tf_venv_stack", "changed": False},
+    ]
+    updated = {"tf2.15": {"change": True, "text": "venv tf2.15 would be created"}}
+    absent = {"tf2.10": {"change": True, "text": "venv tf2.10 would be removed (/opt/tensorflow/2.10)"}}
+    plan = gpu_venv.gpu_venv_plan(stacks, {"updated": updated, "bound": bound, "absent": absent})
+    assert plan == {
+        "tf2.15": {"change": True, "text": "venv tf2.15 would be created"},
+        "tf2.12": {"change": False, "text": "venv tf2.12 current (TensorFlow 2.12.1, locked)"},
+        "tf2.10": {"change": True, "text": "venv tf2.10 would be removed (/opt/tensorflow/2.10)"},
+    }
+    assert list(plan) == ["tf2.15", "tf2.12", "tf2.10"]
+
+
+def test_plan_names_no_stack_the_run_did_not_look_at():
+    assert gpu_venv.gpu_venv_plan([STACK], {"updated": {}, "bound": [], "absent": {}}) == {}
+
+
+def test_download_argv():
+    need = {"lock": "/locks/tf.txt", "dir": "/cache/abc/cp311-aarch64", "python": "3.11", "arch": "aarch64"}
+    assert gpu_venv.gpu_venv_download_argv(need, "/usr/bin/python3") == [
+        "/usr/bin/python3", "-m", "pip", "download", "--dest", "/cache/abc/cp311-aarch64", "--require-hashes",
+        "--no-deps", "-r", "/locks/tf.txt", "--only-binary=:all:", "--implementation", "cp", "--python-version",
+        "3.11", "--progress-bar", "off", "--platform=manylinux2014_aarch64", "--platform=manylinux_2_17_aarch64",
+        "--platform=linux_aarch64",
+    ]  # fmt: skip
+
+
+def test_message_absent_texts_as_the_role_showed_them():
+    fields = {"venv": "/opt/tensorflow/2.10", "env_file": "tf-stack.env", "name": "tf2.10"}
+    assert gpu_venv.gpu_venv_message("absent_env_unreadable", said="Permission denied", **fields) == (
+        "/opt/tensorflow/2.10/tf-stack.env cannot be read (Permission denied), so whether /opt/tensorflow/2.10 is "
+        "stack tf2.10's venv is not known; nothing of it was removed. Make the file readable by root (or remove the "
+        "venv by hand), then rerun."
+    )
+    assert gpu_venv.gpu_venv_message("absent_venv_stays", **fields) == (
+        "/opt/tensorflow/2.10 stays: its tf-stack.env is missing or does not name stack tf2.10 (a venv installed "
+        "before tf_venv wrote that file, or another folder). Remove it by hand if it is that stack's venv."
+    )
+
+
+def test_message_unknown_id():
+    with pytest.raises(AnsibleFilterError, match="no message 'nope'"):
+        gpu_venv.gpu_venv_message("nope")
