@@ -7,6 +7,11 @@ kind at all (an HTML error page saved under an archive's name, which a pin taken
 would even accept). Filters run on the controller, where the files are. Documented in
 gpu_artifact_problem.yml.
 
+gpu_artifacts' verification on the controller: ``gpu_artifacts_needed`` (what the play's hosts need,
+each file once), ``gpu_artifacts_checked`` (each record beside its controller hash),
+``gpu_artifacts_problems`` (each unusable file's stop, from the catalog ``MESSAGES``) and
+``gpu_artifacts_host_problems`` (what that means for one host). Each is documented in <name>.yml.
+
 Formats, by the first bytes of the file:
 
 - ``.tar.xz``: the XZ magic bytes ``FD 37 7A 58 5A 00`` (The .xz File Format, section 2.1.1.1
@@ -19,7 +24,12 @@ Formats, by the first bytes of the file:
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
+
+from ansible.module_utils.parsing.convert_bool import boolean
+from ansible_collections.gpu_fleet.tf_hosts.plugins.filter.gpu_proxy import masked, proxy_for
+from ansible_collections.gpu_fleet.tf_hosts.plugins.plugin_utils.message import Message
 
 # (file name suffix, magic bytes, what the file should be)
 FORMATS = (
@@ -28,6 +38,41 @@ FORMATS = (
     (".tar.gz", b"\x1f\x8b", "a gzip-compressed tar archive"),
     (".run", b"#!", "a self-extracting runfile (a shell script)"),
 )
+# Every stop of the controller's verification, by id; each problem ends with SUFFIX.
+MESSAGES: dict[str, Message] = {
+    "unusable": Message(
+        "{problem}.",
+        "Put NVIDIA's file in {dir} again (or remove what is there, so that the mirror's copy is fetched), and "
+        "check its pin in {manifest}.",
+    ),
+    "controller_copy_wrong": Message(
+        "The copy in {dir} has sha256 {checksum}, not the pinned {sha256}, and no good copy could be fetched.", ""
+    ),
+    "mirror_holds_another": Message(
+        "The mirror's {url} has sha256 {got}, but {manifest} pins {sha256}: the mirror holds another file.", ""
+    ),
+    "not_fetched": Message("Could not fetch {file} from {url}{through}: {said}.", ""),
+    "fetch_fix": Message(
+        "",
+        "Check the mirror (gpu_artifacts_mirror_url) and its copy of the file{proxy}, or put NVIDIA's file in {dir}.",
+    ),
+    "missing": Message(
+        "{file} is not in {dir} on the controller.",
+        "Put NVIDIA's file there under this exact name{origin}, set gpu_artifacts_mirror_url to a mirror that has "
+        "it, or set gpu_artifacts_controller_dir to the folder that has it.",
+    ),
+    "checksum": Message(
+        "{file} has sha256 {checksum}, but {manifest} pins {sha256}.",
+        "The file is corrupt or not the one pinned: download it again and compare, or correct the pin in "
+        "{manifest} if you verified the new file.",
+    ),
+}
+SUFFIX = " Nothing was installed."
+# A user:password@ in a URL (RFC 3986, section 3.2.1, userinfo): messages never show the password.
+USERINFO = re.compile(r"(?<=://)[^/@]*@")
+PASSWORD = re.compile(r"(?<=://)([^/@:\s]*):[^/@\s]*@")
+# get_url's checksum failure reads "... did not match <pinned>; it was <actual>."
+GOT = re.compile(r"it was ([0-9a-f]{64})")
 
 
 def _format_problem(path: str, name: str) -> str:
@@ -68,8 +113,114 @@ def stack_artifact_problems(stack: dict[str, Any], problems: dict[str, str]) -> 
     return " ".join(problems[name] for name in dict.fromkeys(files) if name in problems)
 
 
+def gpu_artifacts_needed(stacks: list[Any], drivers: list[Any]) -> list[dict[str, Any]]:
+    """The records the play's hosts need, each file once, in order: every toolkit runfile, every cuDNN
+    archive, then every driver runfile. ``stacks``: each host's resolved stacks; ``drivers``: each host's
+    resolved driver (None or without ``runfile`` for a package install)."""
+    flat = [stack for host in stacks for stack in (host if isinstance(host, list) else [host])]
+    records = [stack["cuda_toolkit"]["runfile"] for stack in flat]
+    records += [stack["cudnn"]["archive"] for stack in flat]
+    records += [(driver or {}).get("runfile") for driver in drivers if driver]
+    unique: dict[str, dict] = {}
+    for record in records:
+        if record:
+            unique.setdefault(record["file"], record)
+    return list(unique.values())
+
+
+def gpu_artifacts_checked(needed: list[dict], found: list[dict]) -> list[dict[str, Any]]:
+    """Each record of ``needed`` beside what the lookup artifact_sha256 found for it: ``{item, stat}``."""
+    return [{"item": record, "stat": stat} for record, stat in zip(needed, found)]
+
+
+def _url(record: dict, mirror: str, masked_userinfo: bool = True) -> str:
+    url = f"{mirror.rstrip('/')}/{record['file']}" if mirror else (record.get("url") or "")
+    return USERINFO.sub("", url) if masked_userinfo else url
+
+
+def _fetch_cause(checked: dict, outcome: dict, fields: dict, settings: dict) -> str:
+    """Why a fetch did not bring a good copy, then where to look."""
+    stat = checked["stat"]
+    parts = [MESSAGES["controller_copy_wrong"].cause.format(**fields)] if stat.get("exists") else []
+    said = str(outcome.get("msg", "unknown error"))
+    got = GOT.findall(str(outcome.get("msg") or ""))
+    proxy_url = proxy_for(settings.get("proxy"), fields["url"])
+    through = f" through the proxy {masked(proxy_url)}" if proxy_url else ""
+    if got:
+        parts.append(MESSAGES["mirror_holds_another"].cause.format(got=got[0], **fields))
+    else:
+        said = re.sub(r"[.\s]+$", "", PASSWORD.sub(r"\1:****@", said))
+        parts.append(MESSAGES["not_fetched"].cause.format(through=through, said=said, **fields))
+    proxy = ", the proxy (gpu_artifacts_proxy)" if through else ""
+    parts.append(MESSAGES["fetch_fix"].fix.format(proxy=proxy, **fields))
+    return " ".join(parts)
+
+
+def artifact_cause(checked: dict, outcome: dict, settings: dict) -> str:
+    """Why one needed file cannot be used ('' when it can): ``checked`` (``{item, stat}``), ``outcome``
+    (its fetch's result: skipped, failed, msg) and ``settings`` (controller_dir, mirror_url, proxy)."""
+    stat, record = checked["stat"], checked["item"]
+    folder = settings["controller_dir"]
+    fields = {
+        "dir": os.path.realpath(folder),
+        "manifest": record.get("manifest", "the manifest"),
+        "sha256": record["sha256"],
+        "checksum": stat.get("checksum"),
+        "file": record["file"],
+        "url": _url(record, settings.get("mirror_url") or ""),
+    }
+    fetched = not outcome.get("skipped", False)
+    problem = gpu_artifact_problem(f"{folder}/{record['file']}", record)
+    if problem:
+        return MESSAGES["unusable"].text(problem=problem, **fields)
+    intact = stat.get("exists") and (stat.get("checksum") or "") == record["sha256"]
+    if intact or (fetched and not boolean(outcome.get("failed", False), strict=False)):
+        return ""
+    if fetched:
+        return _fetch_cause(checked, outcome, fields, settings)
+    if not stat.get("exists"):
+        origin = f" (origin: {record['url']})" if record.get("url") else ""
+        return MESSAGES["missing"].text(origin=origin, **fields)
+    return MESSAGES["checksum"].text(**fields)
+
+
+def gpu_artifacts_problems(checked: list[dict], fetches: list[dict], settings: dict) -> dict[str, str]:
+    """``{file: stop}`` for each needed file that cannot be used, from gpu_artifacts_checked's list and the
+    fetch loop's results (in the same order)."""
+    problems = {}
+    for item, outcome in zip(checked, fetches):
+        cause = artifact_cause(item, outcome or {}, settings)
+        if cause:
+            problems[item["item"]["file"]] = cause + SUFFIX
+    return problems
+
+
+def gpu_artifacts_host_problems(stacks: list[dict], driver: dict | None, problems: dict[str, str]) -> dict[str, Any]:
+    """What the unusable files mean for one host: ``bad_stacks`` ({stack name: its problems}),
+    ``driver_bad`` (the driver's runfile is one) and ``message`` (every problem of the host's files, '' when
+    none)."""
+    runfile = ((driver or {}).get("runfile") or {}).get("file")
+    bad_stacks = {}
+    for stack in stacks:
+        text = stack_artifact_problems(stack, problems)
+        if text:
+            bad_stacks[stack["name"]] = text
+    mine = [stack["cuda_toolkit"]["runfile"]["file"] for stack in stacks]
+    mine += [stack["cudnn"]["archive"]["file"] for stack in stacks]
+    mine += [runfile] if runfile else []
+    message = " ".join(problems[name] for name in dict.fromkeys(mine) if name in problems)
+    return {"bad_stacks": bad_stacks, "driver_bad": bool(runfile) and runfile in problems, "message": message}
+
+
 class FilterModule:
     """Artifact file filters."""
 
     def filters(self) -> dict[str, Any]:
-        return {"gpu_artifact_problem": gpu_artifact_problem, "gpu_stack_artifact_problems": stack_artifact_problems}
+        return {
+            "gpu_artifact_problem": gpu_artifact_problem,
+            "gpu_stack_artifact_problems": stack_artifact_problems,
+            "gpu_artifacts_needed": gpu_artifacts_needed,
+            "gpu_artifacts_checked": gpu_artifacts_checked,
+            "gpu_artifacts_problems": gpu_artifacts_problems,
+            "gpu_artifacts_host_problems": gpu_artifacts_host_problems,
+        }

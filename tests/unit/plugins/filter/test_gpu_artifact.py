@@ -80,3 +80,95 @@ def test_a_stack_gets_the_problems_of_its_own_runfile_and_archive_only():
     assert stack_artifact_problems(stack, problems) == "cudnn.tar.xz has sha256 aa."
     assert stack_artifact_problems(stack, {"cuda.run": "x.", "cudnn.tar.xz": "y."}) == "x. y."
     assert stack_artifact_problems(stack, {"other.run": "z."}) == ""
+
+
+# gpu_artifacts' verification: what is needed once, and each cause of a stop word for word.
+from ansible_collections.gpu_fleet.tf_hosts.plugins.filter.gpu_artifact import (
+    gpu_artifacts_host_problems,
+    gpu_artifacts_needed,
+    gpu_artifacts_problems,
+)
+
+PIN = "ab" * 32
+OTHER = "cd" * 32
+
+
+def _record(name=RUN, url="https://developer.download.nvidia.com/x/" + RUN):
+    return {"file": name, "sha256": PIN, "url": url, "manifest": "/m/artifacts.yml"}
+
+
+def _stack(name, runfile, archive):
+    return {"name": name, "cuda_toolkit": {"runfile": {"file": runfile}}, "cudnn": {"archive": {"file": archive}}}
+
+
+def test_needed_names_each_file_once_and_driver_runfiles_last():
+    one = {"cuda_toolkit": {"runfile": {"file": RUN}}, "cudnn": {"archive": {"file": XZ}}}
+    drivers = [None, {"runfile": None}, {"runfile": {"file": "d.run"}}]
+    assert [r["file"] for r in gpu_artifacts_needed([[one], [one]], drivers)] == [RUN, XZ, "d.run"]
+
+
+def _problem(tmp_path, stat, outcome, **settings):
+    checked = [{"item": _record(), "stat": stat}]
+    settings = {"controller_dir": str(tmp_path), "mirror_url": "", "proxy": {}, **settings}
+    return gpu_artifacts_problems(checked, [outcome], settings).get(RUN, "")
+
+
+def test_an_intact_or_fetched_file_is_no_problem(tmp_path):
+    assert _problem(tmp_path, {"exists": True, "checksum": PIN}, {"skipped": True}) == ""
+    assert _problem(tmp_path, {"exists": False}, {"failed": False}) == ""
+
+
+def test_a_missing_file_names_where_to_put_it(tmp_path):
+    assert _problem(tmp_path, {"exists": False}, {"skipped": True}) == (
+        f"{RUN} is not in {tmp_path} on the controller. Put NVIDIA's file there under this exact name (origin: "
+        f"https://developer.download.nvidia.com/x/{RUN}), set gpu_artifacts_mirror_url to a mirror that has it, or "
+        "set gpu_artifacts_controller_dir to the folder that has it. Nothing was installed."
+    )
+
+
+def test_a_wrong_file_names_both_hashes(tmp_path):
+    assert _problem(tmp_path, {"exists": True, "checksum": OTHER}, {"skipped": True}) == (
+        f"{RUN} has sha256 {OTHER}, but /m/artifacts.yml pins {PIN}. The file is corrupt or not the one pinned: "
+        "download it again and compare, or correct the pin in /m/artifacts.yml if you verified the new file. "
+        "Nothing was installed."
+    )
+
+
+def test_a_failed_fetch_masks_the_password_and_names_the_proxy(tmp_path):
+    said = {"failed": True, "msg": "Request failed for https://u:secret@mirror/x.run: refused.\n"}
+    text = _problem(
+        tmp_path, {"exists": False}, said, mirror_url="https://u:pw@mirror/", proxy={"url": "http://p:3128"}
+    )
+    assert text == (
+        f"Could not fetch {RUN} from https://mirror/{RUN} through the proxy http://p:3128: Request failed for "
+        "https://u:****@mirror/x.run: refused. Check the mirror (gpu_artifacts_mirror_url) and its copy of the file, "
+        f"the proxy (gpu_artifacts_proxy), or put NVIDIA's file in {tmp_path}. Nothing was installed."
+    )
+
+
+def test_a_mirror_with_another_file_after_a_wrong_copy(tmp_path):
+    said = {"failed": True, "msg": f"The checksum for x did not match {PIN}; it was {OTHER}."}
+    text = _problem(tmp_path, {"exists": True, "checksum": OTHER}, said, mirror_url="https://mirror")
+    assert text == (
+        f"The copy in {tmp_path} has sha256 {OTHER}, not the pinned {PIN}, and no good copy could be fetched. "
+        f"The mirror's https://mirror/{RUN} has sha256 {OTHER}, but /m/artifacts.yml pins {PIN}: the mirror holds "
+        f"another file. Check the mirror (gpu_artifacts_mirror_url) and its copy of the file, or put NVIDIA's file "
+        f"in {tmp_path}. Nothing was installed."
+    )
+
+
+def test_a_file_of_the_wrong_kind_is_named_first(tmp_path):
+    _write(tmp_path, RUN, b"<html>")
+    text = _problem(tmp_path, {"exists": True, "checksum": OTHER}, {"skipped": True})
+    assert text.startswith(f"{RUN} is not a self-extracting runfile (a shell script): it starts with '<html>'. ")
+    assert text.endswith(
+        f"Put NVIDIA's file in {tmp_path} again (or remove what is there, so that the mirror's "
+        "copy is fetched), and check its pin in /m/artifacts.yml. Nothing was installed."
+    )
+
+
+def test_a_host_holds_back_its_bad_stacks_and_stops_on_its_files():
+    stacks = [_stack("new", RUN, XZ), _stack("old", "old.run", TGZ)]
+    found = gpu_artifacts_host_problems(stacks, {"runfile": {"file": "d.run"}}, {XZ: "bad xz.", "d.run": "bad d."})
+    assert found == {"bad_stacks": {"new": "bad xz."}, "driver_bad": True, "message": "bad xz. bad d."}
+    assert gpu_artifacts_host_problems(stacks, None, {})["message"] == ""
