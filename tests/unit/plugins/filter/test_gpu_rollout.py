@@ -567,16 +567,15 @@ def test_the_first_batch_names_the_rollout_and_later_batches_keep_its_name():
     assert gpu_rollout.gpu_rollout_run_id(["x", "a"], {"a": {"gpu_rollout_run_id": first}}, "later") == first
 
 
-def test_each_batch_publishes_the_guards_facts_and_one_run_id(tmp_path: Path):
-    """The guard (on a host without nvidia-smi: no job) and the status, batch by batch: every batch
-    carries the run id the first one made."""
+def run_entries(tmp_path: Path, entries: list[str], settings: dict[str, Any]) -> subprocess.CompletedProcess:
+    """gpu_rollout's entry points in the play of playbooks/reprovision.yml, on two local hosts, one per
+    batch, then the facts they published."""
     (play,) = _load("playbooks/reprovision.yml")
-    steps = [("guard", "gpu_rollout"), ("status", "gpu_rollout")]
     tasks = [
-        {"name": entry, "ansible.builtin.include_role": {"name": f"gpu_fleet.tf_hosts.{role}", "tasks_from": entry}}
-        for entry, role in steps
+        {"name": entry, "ansible.builtin.include_role": {"name": "gpu_fleet.tf_hosts.gpu_rollout", "tasks_from": entry}}
+        for entry in entries
     ]
-    shown = "{{ [gpu_rollout_run_id, gpu_rollout_skipped, gpu_rollout_given_back, gpu_rollout_busy_processes] }}"
+    shown = "{{ [gpu_rollout_run_id | default(''), gpu_rollout_skipped, gpu_rollout_given_back, gpu_rollout_busy_processes] }}"
     tasks.append({"name": "Show", "ansible.builtin.debug": {"msg": shown}})
     head = {key: value for key, value in play.items() if key != "tasks"} | {"gather_facts": False, "tasks": tasks}
     (tmp_path / "play.yml").write_text(yaml.safe_dump([head], sort_keys=False))
@@ -585,15 +584,33 @@ def test_each_batch_publishes_the_guards_facts_and_one_run_id(tmp_path: Path):
     env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_FORCE_COLOR="0")
     env["ANSIBLE_CALLBACK_RESULT_FORMAT"] = "json"
     argv = [str(Path(sys.executable).with_name("ansible-playbook")), "play.yml", "-i", "hosts.yml"]
-    run = subprocess.run(
-        [*argv, "-e", "gpu_rollout_serial=1", "-e", "ansible_become=false", "-e", "gpu_rollout_query=[false]"],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=tmp_path,
-        timeout=120,
-    )
+    settings = {"gpu_rollout_serial": 1, "ansible_become": False} | settings
+    argv += ["-e", json.dumps(settings)]
+    return subprocess.run(argv, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+
+
+def shown_facts(run: subprocess.CompletedProcess) -> list[list[Any]]:
+    return [json.loads(block) for block in re.findall(r'"msg": (\[.*?\n    \])', run.stdout, re.S)]
+
+
+def test_each_batch_publishes_the_guards_facts_and_one_run_id(tmp_path: Path):
+    """The guard (on a host without nvidia-smi: no job) and the status, batch by batch: every batch
+    carries the run id the first one made."""
+    run = run_entries(tmp_path, ["guard", "status"], {"__gpu_rollout_query": ["false"]})
     assert run.returncode == 0, run.stdout[-3000:]
-    shown = [json.loads(block) for block in re.findall(r'"msg": (\[.*?\n    \])', run.stdout, re.S)]
+    shown = shown_facts(run)
     assert len(shown) == 2 and shown[0] == shown[1], run.stdout[-3000:]
     assert shown[0][0].startswith("rollout-") and shown[0][1:] == [False, False, []]
+
+
+def test_a_job_that_outlives_the_drain_gives_the_host_back_named_as_such(tmp_path: Path):
+    """The guard sees no job, the drain's look one (it started in between): the host is given back,
+    skipped, and the rollout goes on with the next batch."""
+    marker = tmp_path / "looked"
+    line = "4242, python3, GPU-1, 1024"
+    query = ["sh", "-c", f'test -e {marker}-$0 && echo "{line}"; touch {marker}-$0', "{{ inventory_hostname }}"]
+    run = run_entries(tmp_path, ["guard", "drain"], {"__gpu_rollout_query": query, "gpu_rollout_drain_timeout": 0})
+    assert run.returncode == 0, run.stdout[-3000:]
+    for host in ("a", "b"):
+        assert f"Skipped: {host}'s GPUs still run compute processes 0 s after the drain: python3 pid 4242" in run.stdout
+    assert "TASK [Show]" not in run.stdout  # each host ended after its drain
