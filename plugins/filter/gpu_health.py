@@ -8,6 +8,11 @@ named and described in files/monitoring/verification-metrics.yml.
 ``gpu_health.py --record-baseline``, or none when a stack did not pass.
 ``gpu_health_outcome``: that command's output -> its outcome, with ``changed`` and ``error``.
 ``gpu_health_timespan_seconds``: a systemd time span (``5min``, ``1h 30min``) -> seconds, or none.
+``gpu_health_option_problems``: the role's options -> what is wrong with them, each with its fix.
+``gpu_health_check``: the check's command result -> why it gave no report, or what is unhealthy.
+``gpu_health_record_verdict``: the baseline's recording and the health report -> what stops the host, and
+what is said about a baseline that stays the last good one.
+The texts are in the catalog ``MESSAGES``.
 
 Each is documented in plugins/filter/<name>.yml.
 """
@@ -21,7 +26,9 @@ import time
 from typing import Any
 
 import yaml
+from ansible.module_utils.parsing.convert_bool import boolean
 from ansible_collections.gpu_fleet.tf_hosts.plugins.module_utils.gpu_metrics import Family, render
+from ansible_collections.gpu_fleet.tf_hosts.plugins.plugin_utils.message import Message
 
 FIX_COMMAND = "Run it by hand on the host (gpu-health --record-baseline --help) and rerun playbooks/verify.yml."
 METRICS_FILE = os.path.join(os.path.dirname(__file__), "..", "..", "files", "monitoring", "verification-metrics.yml")
@@ -178,6 +185,132 @@ def gpu_health_baseline_args(results: Any, stacks: list[dict[str, Any]]) -> list
     return args
 
 
+# What the role says, by id: cause and fix, str.format templates.
+MESSAGES = {
+    "option": Message("{name} is {value}; it must be {rule}.", "Fix it in the inventory or on the -e command line."),
+    "path": Message(
+        "{name} is {value}; it must be an absolute path on the host ({what}).",
+        "Fix it in the inventory or on the -e command line.",
+    ),
+    "no_report": Message(
+        "{command} on {host} ended with exit status {rc} and no report: {error}.",
+        "Run `{command} --format json` there and read its error; rerun playbooks/verify.yml to reinstall it.",
+    ),
+    "baseline": Message("The health baseline of {host} could not be recorded: {cause}", "{fix}"),
+    "unhealthy": Message("{summary}", "(It fails because gpu_health_fail_on_findings is true.)"),
+}
+# Not a stop: the baseline stays the last good one.
+BASELINE_KEPT = (
+    "The health baseline of {host} was not renewed: though verified, the host is not healthy against what it would "
+    "record - {causes}"
+)
+WHOLE_SECONDS = re.compile(r"[0-9]+$")
+# (option, rule, whether the value keeps to it), in the order they are named.
+OPTION_RULES: list[tuple[str, str, Any]] = [
+    # A check every few seconds would keep nvidia-smi (and NVML) busy for nothing.
+    (
+        "gpu_health_interval",
+        "a systemd time span of at least a minute, such as 5min, 1h or 1h 30min (systemd.time(5))",
+        lambda v: (gpu_health_timespan_seconds(v) or 0) >= 60,
+    ),
+    (
+        "gpu_health_timeout",
+        "a whole number of seconds above 0 and below 3600 (default 20)",
+        lambda v: bool(WHOLE_SECONDS.match(str(v))) and 0 < int(str(v)) < 3600,
+    ),
+    (
+        "gpu_health_dcgm_diag_level",
+        "0 (no DCGM diagnostic) or a dcgmi diag level from 1 to 4",
+        lambda v: str(v) in ("0", "1", "2", "3", "4"),
+    ),
+    (
+        "gpu_health_dcgm_timeout",
+        "a whole number of seconds above 0 and below 86400 (default 900)",
+        lambda v: bool(WHOLE_SECONDS.match(str(v))) and 0 < int(str(v)) < 86400,
+    ),
+    (
+        "gpu_health_fail_on_findings",
+        "true or false",
+        lambda v: str(v).lower() in ("true", "false", "yes", "no", "1", "0"),
+    ),
+    (
+        "gpu_health_kernel_log",
+        "empty (journalctl, else dmesg) or the absolute path of a kernel log file",
+        lambda v: len(str(v)) == 0 or os.path.isabs(str(v)),
+    ),
+]
+PATHS = {
+    "gpu_health_textfile_dir": "node_exporter's --collector.textfile.directory",
+    "gpu_health_state_dir": "the folder of the baseline, default /var/lib/gpu-health",
+    "gpu_health_install_dir": "the check's folder, default /opt/gpu-health",
+    "gpu_health_command": "the command, default /usr/local/sbin/gpu-health",
+    "gpu_health_python": "the Python 3 that runs the check, default /usr/bin/python3",
+}
+
+
+def gpu_health_option_problems(options: dict[str, Any]) -> list[str]:
+    """``{{ {'gpu_health_timeout': gpu_health_timeout, ...} | gpu_fleet.tf_hosts.gpu_health_option_problems }}``:
+    one message per option that breaks its rule (the paths must be absolute on the host); ``[]`` when none."""
+    found = [
+        MESSAGES["option"].text(name=name, value=options.get(name), rule=rule)
+        for name, rule, keeps in OPTION_RULES
+        if not keeps(options.get(name))
+    ]
+    found += [
+        MESSAGES["path"].text(name=name, value=options.get(name), what=what)
+        for name, what in PATHS.items()
+        if not os.path.isabs(str(options.get(name)))
+    ]
+    return found
+
+
+def _truncate(text: str, length: int = 400) -> str:
+    """Jinja's ``truncate(length)``: whole words and ``...`` past the length (and its leeway of 5)."""
+    if len(text) <= length + 5:
+        return text
+    return text[: length - 3].rsplit(" ", 1)[0] + "..."
+
+
+def gpu_health_check(run: dict[str, Any], command: str, host: str) -> dict[str, Any]:
+    """``{{ result | gpu_fleet.tf_hosts.gpu_health_check(gpu_health_command, inventory_hostname) }}``: the health
+    check's command result -> ``problem`` (why it gave no report: exit status 0, 1 and 2 come with the report,
+    anything else is the command itself broken; else None) and ``summary`` (the line naming what is unhealthy;
+    None for a healthy host)."""
+    stdout, rc = str(run.get("stdout") or ""), run.get("rc", -1)
+    if rc not in (0, 1, 2) or not re.match(r"\s*\{", stdout):
+        error = _truncate(str(run.get("stderr") or run.get("msg") or "").strip())
+        return {"problem": MESSAGES["no_report"].text(command=command, host=host, rc=rc, error=error), "summary": None}
+    try:
+        report = json.loads(stdout)
+    except ValueError:
+        report = None
+    if not isinstance(report, dict):
+        return {"problem": MESSAGES["no_report"].text(command=command, host=host, rc=rc, error=""), "summary": None}
+    return {"problem": None, "summary": gpu_health_summary(report, host) if report.get("exit_code") != 0 else None}
+
+
+def gpu_health_record_verdict(recorded: Any, report: Any, fail_on_findings: Any, host: str) -> dict[str, Any]:
+    """``{{ recorded | gpu_fleet.tf_hosts.gpu_health_record_verdict(gpu_health_report | default(none),
+    gpu_health_fail_on_findings, inventory_hostname) }}``: after the verification, ``problem`` (what fails the
+    host: the baseline could not be written, or with ``fail_on_findings`` an unhealthy host; else None) and
+    ``note`` (why the baseline stays the last good one; else None). ``recorded``: the result of
+    ``gpu-health --record-baseline --format json``, skipped where no baseline was recorded."""
+    note = problem = None
+    if isinstance(recorded, dict) and not recorded.get("skipped"):
+        outcome = gpu_health_outcome(str(recorded.get("stdout") or ""), str(recorded.get("stderr") or ""))
+        if outcome["error"] is not None:
+            error = outcome["error"]
+            return {"problem": MESSAGES["baseline"].text(host=host, **error), "note": None}
+        if not outcome.get("recorded"):
+            causes = " ".join(str(item.get("cause")) for item in outcome.get("findings") or [])
+            note = BASELINE_KEPT.format(host=host, causes=causes)
+    if boolean(fail_on_findings, strict=False) and isinstance(report, dict) and report.get("exit_code") != 0:
+        problem = MESSAGES["unhealthy"].text(summary=gpu_health_summary(report, host))
+        # The host fails: the note goes with the failure.
+        problem, note = (f"{note} {problem}", None) if note else (problem, None)
+    return {"problem": problem, "note": note}
+
+
 class FilterModule:
     """gpu_health filters."""
 
@@ -188,4 +321,7 @@ class FilterModule:
             "gpu_health_baseline_args": gpu_health_baseline_args,
             "gpu_health_outcome": gpu_health_outcome,
             "gpu_health_timespan_seconds": gpu_health_timespan_seconds,
+            "gpu_health_option_problems": gpu_health_option_problems,
+            "gpu_health_check": gpu_health_check,
+            "gpu_health_record_verdict": gpu_health_record_verdict,
         }

@@ -20,6 +20,9 @@ word their texts from the catalog ``MESSAGES``.
 ``gpu_rollout_not_verified``: the hosts a rollout did not verify (skipped as busy, or not reached),
 each with its status and reason: gpu_verify's input ``gpu_verify_not_verified``, so the fleet
 report written by any batch names every host of the run.
+
+``gpu_rollout_run_id``: the rollout's one label, made by its first batch and found by each later one
+on the hosts before it.
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ SKIPPED_FACT = "gpu_rollout_skipped"
 PROCESSES_FACT = "gpu_rollout_busy_processes"
 # Published by gpu_rollout's drain on a host whose GPUs still computed when the wait after the drain ran out.
 GIVEN_BACK_FACT = "gpu_rollout_given_back"
+# Published by gpu_rollout's status on each host of a batch, the same for the whole rollout.
+RUN_ID_FACT = "gpu_rollout_run_id"
 # Published by gpu_verify on each host it verified.
 RESULTS_FACT = "gpu_verify_results"
 
@@ -227,6 +232,17 @@ def gpu_rollout_not_verified(
     return found
 
 
+def gpu_rollout_run_id(all_hosts: list[str], hostvars: Any, fresh: str) -> str:
+    """The rollout's label: the ``gpu_rollout_run_id`` an earlier batch gave its hosts (the first host
+    of the play, ``all_hosts``, that has one), else ``rollout-<fresh>`` for the first batch (``fresh``:
+    the time and a random number, ``20261129T120000Z-4242``)."""
+    for host in all_hosts:
+        found = _facts(hostvars, host).get(RUN_ID_FACT)
+        if found:
+            return str(found)
+    return f"rollout-{fresh}"
+
+
 # What the rollout says, by id: str.format templates, cause then fix in one text.
 MESSAGES = {
     "hooks_one_sided": (
@@ -260,6 +276,11 @@ MESSAGES = {
     "busy_skipped": (
         "Skipped: {host}'s GPUs run compute processes: {processes}. It is not drained or changed in this run; rerun "
         "playbooks/reprovision.yml when those jobs end, or set gpu_rollout_force_busy: true."
+    ),
+    "busy_given_back": (
+        "Skipped: {host}'s GPUs still run compute processes {waited} s after the drain: {processes}. It is given "
+        "back to the scheduler unchanged; rerun playbooks/reprovision.yml when those jobs end, raise "
+        "gpu_rollout_drain_timeout, or set gpu_rollout_force_busy: true."
     ),
     "busy_forced": (
         "Going ahead (gpu_rollout_force_busy): {host}'s GPUs run compute processes: {processes}. nvidia_driver still "
@@ -315,11 +336,14 @@ def gpu_rollout_plan_note(batches: list[list[str]], planned: list[str], settings
     return MESSAGES["plan"].format(**fields)
 
 
-def gpu_rollout_busy_note(processes: Any, host: str, skipped: Any) -> str:
+def gpu_rollout_busy_note(processes: Any, host: str, skipped: Any, waited: Any = None) -> str:
     """What the rollout does with a host whose GPUs run compute processes: skip it, or go ahead
-    (gpu_rollout_force_busy) while nvidia_driver still guards the driver."""
-    note = "busy_skipped" if boolean(skipped, strict=False) else "busy_forced"
-    return MESSAGES[note].format(host=host, processes=gpu_rollout_processes(processes))
+    (gpu_rollout_force_busy) while nvidia_driver still guards the driver; ``waited`` (the seconds of
+    the wait after the drain) for a skipped host still busy after its drain, given back unchanged."""
+    note = "busy_forced"
+    if boolean(skipped, strict=False):
+        note = "busy_skipped" if waited is None else "busy_given_back"
+    return MESSAGES[note].format(host=host, processes=gpu_rollout_processes(processes), waited=waited)
 
 
 class FilterModule:
@@ -335,4 +359,5 @@ class FilterModule:
             "gpu_rollout_problems": gpu_rollout_problems,
             "gpu_rollout_plan_note": gpu_rollout_plan_note,
             "gpu_rollout_busy_note": gpu_rollout_busy_note,
+            "gpu_rollout_run_id": gpu_rollout_run_id,
         }

@@ -413,7 +413,8 @@ def test_bad_verification_options_stop_before_anything_runs(tmp_path_factory, op
     # Nothing ran or changed after the check: no copy of the scripts, no verification, no report.
     assert "TASK [gpu_fleet.tf_hosts.gpu_verify : Copy the verification scripts" not in run.stdout
     assert "TASK [gpu_fleet.tf_hosts.gpu_verify : Run the checks" not in run.stdout
-    assert "TASK [gpu_fleet.tf_hosts.gpu_verify : Check the verification options" in run.stdout
+    checked = "TASK [gpu_fleet.tf_hosts.gpu_verify : Stop when no earlier task of the run resolved the pinned stacks"
+    assert checked in run.stdout
     assert list(reports.iterdir()) == []
 
 

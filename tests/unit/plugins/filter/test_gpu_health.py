@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import re
 
 import pytest
@@ -146,3 +147,132 @@ def test_timespans_as_systemd_reads_them(text, seconds):
 @pytest.mark.parametrize("text", ["", "every 5 minutes", "5 parsecs", "-5min", "5min later"])
 def test_what_is_no_timespan(text):
     assert health_filters.gpu_health_timespan_seconds(text) is None
+
+
+# --- the role's checks and what it says --------------------------------------------------------------
+
+GOOD_OPTIONS = {
+    "gpu_health_interval": "5min",
+    "gpu_health_timeout": 20,
+    "gpu_health_dcgm_diag_level": 0,
+    "gpu_health_dcgm_timeout": 900,
+    "gpu_health_fail_on_findings": False,
+    "gpu_health_kernel_log": "",
+    "gpu_health_textfile_dir": "/var/lib/prometheus/node-exporter",
+    "gpu_health_state_dir": "/var/lib/gpu-health",
+    "gpu_health_install_dir": "/opt/gpu-health",
+    "gpu_health_command": "/usr/local/sbin/gpu-health",
+    "gpu_health_python": "/usr/bin/python3",
+}
+FIX = "Fix it in the inventory or on the -e command line."
+
+
+def test_the_defaults_are_good_options():
+    assert health_filters.gpu_health_option_problems(GOOD_OPTIONS) == []
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        (
+            "gpu_health_interval",
+            "30s",
+            "gpu_health_interval is 30s; it must be a systemd time span of at least a minute",
+        ),
+        ("gpu_health_interval", "soon", "gpu_health_interval is soon; it must be a systemd time span"),
+        ("gpu_health_timeout", "0", "gpu_health_timeout is 0; it must be a whole number of seconds above 0 and below"),
+        ("gpu_health_timeout", "2.5", "gpu_health_timeout is 2.5; it must be a whole number of seconds"),
+        ("gpu_health_dcgm_diag_level", 5, "gpu_health_dcgm_diag_level is 5; it must be 0 (no DCGM diagnostic)"),
+        ("gpu_health_dcgm_timeout", 86400, "gpu_health_dcgm_timeout is 86400; it must be a whole number of seconds"),
+        ("gpu_health_fail_on_findings", "maybe", "gpu_health_fail_on_findings is maybe; it must be true or false."),
+        ("gpu_health_kernel_log", "kern.log", "gpu_health_kernel_log is kern.log; it must be empty (journalctl"),
+        (
+            "gpu_health_state_dir",
+            "state",
+            "gpu_health_state_dir is state; it must be an absolute path on the host (the",
+        ),
+    ],
+)
+def test_a_bad_option_is_named_with_its_rule_and_the_fix(name, value, message):
+    (problem,) = health_filters.gpu_health_option_problems(GOOD_OPTIONS | {name: value})
+    assert problem.startswith(message) and problem.endswith(FIX)
+
+
+def test_every_bad_option_is_named_at_once():
+    bad = GOOD_OPTIONS | {"gpu_health_timeout": -1, "gpu_health_command": "gpu-health"}
+    assert len(health_filters.gpu_health_option_problems(bad)) == 2
+
+
+HEALTHY = {"up": True, "exit_code": 0, "findings": []}
+UNHEALTHY = {"up": True, "exit_code": 1, "findings": [{"check": "ecc", "cause": "3 ECC errors.", "fix": "Drain it."}]}
+
+
+def run_of(report: dict | None, rc: int = 0, stderr: str = "") -> dict:
+    return {"rc": rc, "stdout": "" if report is None else json.dumps(report), "stderr": stderr}
+
+
+def test_the_check_of_a_healthy_host_says_nothing():
+    assert health_filters.gpu_health_check(run_of(HEALTHY), "/usr/local/sbin/gpu-health", "a") == {
+        "problem": None,
+        "summary": None,
+    }
+
+
+def test_the_check_of_an_unhealthy_host_names_the_findings_and_does_not_stop():
+    found = health_filters.gpu_health_check(run_of(UNHEALTHY, rc=1), "gpu-health", "a")
+    assert found == {"problem": None, "summary": health_filters.gpu_health_summary(UNHEALTHY, "a")}
+
+
+def test_a_check_without_a_report_stops_naming_the_exit_status_and_its_error():
+    found = health_filters.gpu_health_check(
+        run_of(None, rc=127, stderr=" not found \n"), "/usr/local/sbin/gpu-health", "a"
+    )
+    assert found["problem"] == (
+        "/usr/local/sbin/gpu-health on a ended with exit status 127 and no report: not found. Run "
+        "`/usr/local/sbin/gpu-health --format json` there and read its error; rerun playbooks/verify.yml to reinstall it."
+    )
+    long = health_filters.gpu_health_check(run_of(HEALTHY, rc=3, stderr="word " * 200), "c", "a")["problem"]
+    assert "word word..." in long and len(long) < 600
+
+
+def recorded(outcome: dict | None = None, stderr: str = "") -> dict:
+    return {"rc": 0, "stdout": json.dumps(outcome) if outcome is not None else "", "stderr": stderr}
+
+
+def test_a_recorded_baseline_of_a_healthy_host_says_nothing():
+    done = recorded({"recorded": True, "changed": False, "error": None})
+    assert health_filters.gpu_health_record_verdict(done, HEALTHY, True, "a") == {"problem": None, "note": None}
+    assert health_filters.gpu_health_record_verdict({"skipped": True}, None, True, "a") == {
+        "problem": None,
+        "note": None,
+    }
+
+
+def test_a_baseline_that_could_not_be_written_stops_the_host():
+    done = recorded({"recorded": False, "error": {"cause": "/var/lib/gpu-health is read-only.", "fix": "Remount it."}})
+    assert health_filters.gpu_health_record_verdict(done, UNHEALTHY, True, "a") == {
+        "problem": "The health baseline of a could not be recorded: /var/lib/gpu-health is read-only. Remount it.",
+        "note": None,
+    }
+    broken = health_filters.gpu_health_record_verdict(recorded(None, stderr="Traceback"), HEALTHY, False, "a")
+    assert broken["problem"].startswith("The health baseline of a could not be recorded: the command gave no outcome")
+
+
+def test_a_refused_baseline_is_said_and_an_unhealthy_host_fails_only_when_asked():
+    refused = recorded({"recorded": False, "error": None, "findings": [{"cause": "1 GPU fewer."}, {"cause": "x8."}]})
+    note = (
+        "The health baseline of a was not renewed: though verified, the host is not healthy against what it would "
+        "record - 1 GPU fewer. x8."
+    )
+    assert health_filters.gpu_health_record_verdict(refused, UNHEALTHY, "false", "a") == {"problem": None, "note": note}
+    fails = (
+        f"{health_filters.gpu_health_summary(UNHEALTHY, 'a')} (It fails because gpu_health_fail_on_findings is true.)"
+    )
+    assert health_filters.gpu_health_record_verdict({"skipped": True}, UNHEALTHY, True, "a") == {
+        "problem": fails,
+        "note": None,
+    }
+    assert health_filters.gpu_health_record_verdict(refused, UNHEALTHY, True, "a") == {
+        "problem": f"{note} {fails}",
+        "note": None,
+    }

@@ -7,6 +7,7 @@ import datetime
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import types
@@ -546,3 +547,70 @@ def test_rollout_busy_note_skipped_or_forced():
         "Going ahead (gpu_rollout_force_busy): gpu01's GPUs run compute processes: python3 pid 4242 (1024 MiB on "
         "GPU-1). nvidia_driver still stops before changing the driver under them unless nvidia_driver_allow_busy_gpus."
     )
+
+
+def test_rollout_busy_note_of_a_host_still_busy_after_its_drain():
+    apps = [{"pid": 4242, "process_name": "python3", "gpu_uuid": "GPU-1", "used_memory_mib": 1024}]
+    assert gpu_rollout.gpu_rollout_busy_note(apps, "gpu01", True, 600) == (
+        "Skipped: gpu01's GPUs still run compute processes 600 s after the drain: python3 pid 4242 (1024 MiB on "
+        "GPU-1). It is given back to the scheduler unchanged; rerun playbooks/reprovision.yml when those jobs end, "
+        "raise gpu_rollout_drain_timeout, or set gpu_rollout_force_busy: true."
+    )
+
+
+def test_the_first_batch_names_the_rollout_and_later_batches_keep_its_name():
+    first = gpu_rollout.gpu_rollout_run_id(["a", "b"], facts(a={}, b={}), "20261129T120000Z-42")
+    assert first == "rollout-20261129T120000Z-42"
+    later = facts(a={"gpu_rollout_run_id": first}, b={})
+    assert gpu_rollout.gpu_rollout_run_id(["a", "b"], later, "20261129T130000Z-7") == first
+    # A host the run has not reached has no facts at all.
+    assert gpu_rollout.gpu_rollout_run_id(["x", "a"], {"a": {"gpu_rollout_run_id": first}}, "later") == first
+
+
+def run_entries(tmp_path: Path, entries: list[str], settings: dict[str, Any]) -> subprocess.CompletedProcess:
+    """gpu_rollout's entry points in the play of playbooks/reprovision.yml, on two local hosts, one per
+    batch, then the facts they published."""
+    (play,) = _load("playbooks/reprovision.yml")
+    tasks = [
+        {"name": entry, "ansible.builtin.include_role": {"name": "gpu_fleet.tf_hosts.gpu_rollout", "tasks_from": entry}}
+        for entry in entries
+    ]
+    shown = "{{ [gpu_rollout_run_id | default(''), gpu_rollout_skipped, gpu_rollout_given_back, gpu_rollout_busy_processes] }}"
+    tasks.append({"name": "Show", "ansible.builtin.debug": {"msg": shown}})
+    head = {key: value for key, value in play.items() if key != "tasks"} | {"gather_facts": False, "tasks": tasks}
+    (tmp_path / "play.yml").write_text(yaml.safe_dump([head], sort_keys=False))
+    hosts = {name: {"ansible_connection": "local", "ansible_python_interpreter": sys.executable} for name in ("a", "b")}
+    (tmp_path / "hosts.yml").write_text(json.dumps({"gpu_hosts": {"hosts": hosts}}))
+    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_FORCE_COLOR="0")
+    env["ANSIBLE_CALLBACK_RESULT_FORMAT"] = "json"
+    argv = [str(Path(sys.executable).with_name("ansible-playbook")), "play.yml", "-i", "hosts.yml"]
+    settings = {"gpu_rollout_serial": 1, "ansible_become": False} | settings
+    argv += ["-e", json.dumps(settings)]
+    return subprocess.run(argv, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+
+
+def shown_facts(run: subprocess.CompletedProcess) -> list[list[Any]]:
+    return [json.loads(block) for block in re.findall(r'"msg": (\[.*?\n    \])', run.stdout, re.S)]
+
+
+def test_each_batch_publishes_the_guards_facts_and_one_run_id(tmp_path: Path):
+    """The guard (on a host without nvidia-smi: no job) and the status, batch by batch: every batch
+    carries the run id the first one made."""
+    run = run_entries(tmp_path, ["guard", "status"], {"__gpu_rollout_query": ["false"]})
+    assert run.returncode == 0, run.stdout[-3000:]
+    shown = shown_facts(run)
+    assert len(shown) == 2 and shown[0] == shown[1], run.stdout[-3000:]
+    assert shown[0][0].startswith("rollout-") and shown[0][1:] == [False, False, []]
+
+
+def test_a_job_that_outlives_the_drain_gives_the_host_back_named_as_such(tmp_path: Path):
+    """The guard sees no job, the drain's look one (it started in between): the host is given back,
+    skipped, and the rollout goes on with the next batch."""
+    marker = tmp_path / "looked"
+    line = "4242, python3, GPU-1, 1024"
+    query = ["sh", "-c", f'test -e {marker}-$0 && echo "{line}"; touch {marker}-$0', "{{ inventory_hostname }}"]
+    run = run_entries(tmp_path, ["guard", "drain"], {"__gpu_rollout_query": query, "gpu_rollout_drain_timeout": 0})
+    assert run.returncode == 0, run.stdout[-3000:]
+    for host in ("a", "b"):
+        assert f"Skipped: {host}'s GPUs still run compute processes 0 s after the drain: python3 pid 4242" in run.stdout
+    assert "TASK [Show]" not in run.stdout  # each host ended after its drain
