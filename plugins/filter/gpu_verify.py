@@ -35,6 +35,11 @@ MESSAGES = {
     "failed": "{stays}Stack {stack} on {host} failed verification: {problems}",
     # A declared default that did not verify stays declared; the host keeps its previous default.
     "stays": "The default stays {old}; {new} becomes the default once it verifies. ",
+    "switched": "Default stack switched: {old} -> {new}",
+    "not_switched": (
+        "The default stays {old}: the declared default {new} did not pass verification on this host (see its"
+        " problems below); it becomes the default once it does."
+    ),
 }
 NO_RESULT = [{"cause": "no result", "fix": ""}]
 OPTION = Message("{name} is {value}; it must be {rule}.", "Fix it in the inventory or on the -e command line.")
@@ -138,6 +143,12 @@ def gpu_verify_failure(result: dict[str, Any], stack: str, host: str, switch: An
     return MESSAGES["failed"].format(stays=stays, stack=stack, host=host, problems=joined)
 
 
+def gpu_verify_switch_note(switch: dict[str, Any]) -> str:
+    """``gpu_verify_default_switch`` (``{from, to, switched}``) -> the line that says which stack is the default."""
+    key = "switched" if switch.get("switched") else "not_switched"
+    return MESSAGES[key].format(old=switch.get("from"), new=switch.get("to"))
+
+
 class FilterModule:
     """gpu_verify's wiring filters."""
 
@@ -148,4 +159,5 @@ class FilterModule:
             "gpu_verify_report_args": gpu_verify_report_args,
             "gpu_verify_results": gpu_verify_results,
             "gpu_verify_failure": gpu_verify_failure,
+            "gpu_verify_switch_note": gpu_verify_switch_note,
         }

@@ -134,6 +134,7 @@ def test_the_controller_fetches_a_lock_once_and_pushes_it_only_where_needed(two_
     assert rebuild.returncode == 0, rebuild.stdout[-4000:]
     assert "changed: [" not in section(rebuild.stdout, DOWNLOAD_TASK)
     unpack = section(rebuild.stdout, UNPACK_TASK)
-    assert f"changed: [{names[1]}]" in unpack and f"skipping: [{names[0]}]" in unpack, unpack
+    # The converged host does not reach the unpack at all (its venv is not in the update loop).
+    assert f"changed: [{names[1]}]" in unpack and names[0] not in unpack, unpack
     assert dict(RECAP.findall(rebuild.stdout))[names[0]] == "0"
     assert cache_files(cache) == wheels and archive.stat().st_mtime_ns == packed

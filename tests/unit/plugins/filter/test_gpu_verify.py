@@ -123,3 +123,14 @@ def test_a_new_default_that_did_not_verify_says_the_old_one_stays():
     )
     assert gpu_verify.gpu_verify_failure(result, "tf2.12", "gpu-a", switch).startswith("Stack tf2.12")
     assert gpu_verify.gpu_verify_failure(result, "tf2.18", "gpu-a", switch | {"switched": True}).startswith("Stack")
+
+
+def test_switch_note_names_the_new_default_once_it_took_over():
+    note = gpu_verify.gpu_verify_switch_note({"from": "tf2.12", "to": "tf2.16", "switched": True})
+    assert note == "Default stack switched: tf2.12 -> tf2.16"
+
+
+def test_switch_note_says_the_previous_default_stays_until_the_new_one_verifies():
+    note = gpu_verify.gpu_verify_switch_note({"from": "tf2.12", "to": "tf2.16", "switched": False})
+    assert note.startswith("The default stays tf2.12: the declared default tf2.16 did not pass verification")
+    assert note.endswith("it becomes the default once it does.")
