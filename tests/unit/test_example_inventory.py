@@ -70,15 +70,27 @@ def test_sandbox_finds_the_stand_ins_from_a_playbook_in_any_folder(tmp_path):
     playbook.write_text(
         "- hosts: gpu_hosts\n  gather_facts: false\n  tasks:\n"
         "    - ansible.builtin.debug:\n"
-        "        msg: \"{{ [gpu_artifacts_controller_dir] + gpu_preflight_manifest_overlays }}\"\n"
+        '        msg: "{{ [gpu_artifacts_controller_dir] + gpu_preflight_manifest_overlays }}"\n'
         "      delegate_to: localhost\n"
     )
-    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_FORCE_COLOR="0",
-               ANSIBLE_STDOUT_CALLBACK="json")
+    env = dict(
+        os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_FORCE_COLOR="0", ANSIBLE_STDOUT_CALLBACK="json"
+    )
     run = subprocess.run(
-        [str(Path(sys.executable).with_name("ansible-playbook")), "-i", str(ROOT / "inventories/sandbox"),
-         "-e", f"ansible_python_interpreter={sys.executable}", str(playbook)],
-        capture_output=True, text=True, env=env, cwd=tmp_path, check=False, timeout=120,
+        [
+            str(Path(sys.executable).with_name("ansible-playbook")),
+            "-i",
+            str(ROOT / "inventories/sandbox"),
+            "-e",
+            f"ansible_python_interpreter={sys.executable}",
+            str(playbook),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        check=False,
+        timeout=120,
     )
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     result = json.loads(run.stdout)["plays"][0]["tasks"][0]["hosts"]["gpu-sandbox"]
