@@ -42,7 +42,9 @@ MESSAGES: dict[str, Message] = {
     "link_taken": Message(
         "cuda_toolkit_default_symlink {link} exists and is not a symbolic link (a {kind}); the run would replace "
         "it with a link to the default toolkit.",
-        "Set it to /usr/local/cuda (the default) or another absolute path that is free or already a symbolic link.",
+        "Move it aside on the host when it is a CUDA installed by hand (mv {link} {link}.manual), or set "
+        "cuda_toolkit_default_symlink to /usr/local/cuda (the default) or another absolute path that is free or "
+        "already a symbolic link.",
     ),
     "timeout": Message(
         "cuda_toolkit_install_timeout is {timeout}; it is the seconds NVIDIA's CUDA installer may run before the "

@@ -81,6 +81,12 @@ MESSAGES: dict[str, Message] = {
         "stops it, at least 60.",
         "Set it to 3600 (the default) or more behind a slow mirror.",
     ),
+    # pip refuses a timeout of 0 or less at its first network call ("the timeout cannot be set to a value less
+    # than or equal to 0"), long after the value was written into the venv's pip.conf.
+    "network_timeout": Message(
+        "tf_venv_pip_timeout is {timeout}; it is pip's network timeout in seconds, a whole number above 0.",
+        "Set it to 120 (the default) or more behind a slow mirror.",
+    ),
     "kernel_dir_relative": Message(
         "tf_venv_jupyter_kernel_dir is {kernel_dir}; it is the folder on the host where a stack whose lock names "
         "ipykernel gets its kernel spec, an absolute path.",
@@ -244,7 +250,7 @@ def gpu_venv_message(message_id: str, **fields: Any) -> str:
 def gpu_venv_check_problems(inputs: dict) -> list[str]:
     """What stops the host before any change, in the order the settings are checked: ``ca_bundle`` (a
     controller file, or empty), ``index_urls`` (already without credentials), ``install_timeout``,
-    ``kernel_dir`` and ``proxy_problem`` (the text of ``gpu_proxy_problem``, empty when usable)."""
+    ``network_timeout`` (tf_venv_pip_timeout), ``kernel_dir`` and ``proxy_problem`` (the text of ``gpu_proxy_problem``, empty when usable)."""
     found = []
     ca_bundle = str(inputs.get("ca_bundle") or "")
     if ca_bundle and not os.path.isfile(ca_bundle):
@@ -257,6 +263,9 @@ def gpu_venv_check_problems(inputs: dict) -> list[str]:
     timeout = inputs.get("install_timeout")
     if not TIMEOUT.match(str(timeout)) or int(str(timeout)) < MIN_TIMEOUT:
         found.append(MESSAGES["install_timeout"].text(timeout=timeout))
+    network = inputs.get("network_timeout", 120)
+    if not TIMEOUT.match(str(network)) or int(str(network)) < 1:
+        found.append(MESSAGES["network_timeout"].text(timeout=network))
     if not os.path.isabs(str(inputs.get("kernel_dir") or "")):
         found.append(MESSAGES["kernel_dir_relative"].text(kernel_dir=inputs.get("kernel_dir")))
     if inputs.get("proxy_problem"):

@@ -53,8 +53,8 @@ def _number(value: Any) -> float:
         return 0.0
 
 
-def _whole(value: Any) -> bool:
-    return bool(re.match(r"^[0-9]+$", str(value))) and int(str(value)) >= 1
+def _whole(value: Any, least: int = 1) -> bool:
+    return bool(re.match(r"^[0-9]+$", str(value))) and int(str(value)) >= least
 
 
 # (option, rule, whether the value keeps to it), in the order they are named.
@@ -63,6 +63,12 @@ OPTION_RULES: list[tuple[str, str, Callable[[Any], bool]]] = [
     ("gpu_verify_fit_learning_rate", "a finite number above 0 (default 0.01)", lambda v: 0 < _number(v) < 1e300),
     ("gpu_verify_scaling_threshold", "a fraction above 0 and at most 1 (default 0.75)", lambda v: 0 < _number(v) <= 1),
     ("gpu_verify_expected_gpu_count", "a whole number of GPUs of at least 1", _whole),
+    (
+        "gpu_verify_cpu_replicas",
+        "a whole number: 0 fits on the GPUs, N above 0 on N logical CPU devices",
+        lambda v: _whole(v, least=0),
+    ),
+    ("gpu_verify_report_keep", "a whole number of run folders of at least 1 (default 30)", _whole),
     (
         "gpu_verify_jupyter_kernel_dir",
         "an absolute folder on the host, tf_venv_jupyter_kernel_dir's (default /usr/local/share/jupyter/kernels)",

@@ -94,8 +94,9 @@ def test_the_check_names_a_folder_a_relative_link_and_a_short_time_limit():
     (folder,) = gpu_cuda.gpu_cuda_check_problems("/usr/lib", {"exists": True, "isdir": True}, 3600)
     assert folder == (
         "cuda_toolkit_default_symlink /usr/lib exists and is not a symbolic link (a folder); the run would replace "
-        "it with a link to the default toolkit. Set it to /usr/local/cuda (the default) or another absolute path "
-        "that is free or already a symbolic link."
+        "it with a link to the default toolkit. Move it aside on the host when it is a CUDA installed by hand "
+        "(mv /usr/lib /usr/lib.manual), or set cuda_toolkit_default_symlink to /usr/local/cuda (the default) or "
+        "another absolute path that is free or already a symbolic link."
     )
     (relative, short) = gpu_cuda.gpu_cuda_check_problems("cuda", None, 30)
     assert relative.startswith("cuda_toolkit_default_symlink cuda is not an absolute path. Set it to")

@@ -247,6 +247,15 @@ def test_check_problems_a_time_limit_that_is_not_whole_seconds_of_a_minute_or_mo
     assert text.startswith(f"tf_venv_pip_install_timeout is {timeout};")
 
 
+@pytest.mark.parametrize("timeout", [0, -1, "2m", 1.5])
+def test_check_problems_a_network_timeout_pip_would_refuse(timeout):
+    [text] = gpu_venv.gpu_venv_check_problems(dict(CHECK, network_timeout=timeout))
+    assert text == (
+        f"tf_venv_pip_timeout is {timeout}; it is pip's network timeout in seconds, a whole number above 0. "
+        "Set it to 120 (the default) or more behind a slow mirror."
+    )
+
+
 def test_check_problems_a_link_to_the_ca_bundle_counts_as_the_file(tmp_path):
     (tmp_path / "ca.pem").write_text("-----BEGIN CERTIFICATE-----\n")
     (tmp_path / "link.pem").symlink_to(tmp_path / "ca.pem")

@@ -14,6 +14,8 @@ GOOD = {
     "gpu_verify_fit_learning_rate": 0.01,
     "gpu_verify_scaling_threshold": 0.75,
     "gpu_verify_expected_gpu_count": 2,
+    "gpu_verify_cpu_replicas": 0,
+    "gpu_verify_report_keep": 30,
     "gpu_verify_jupyter_kernel_dir": "/usr/local/share/jupyter/kernels",
 }
 FIX = "Fix it in the inventory or on the -e command line."
@@ -21,6 +23,7 @@ FIX = "Fix it in the inventory or on the -e command line."
 
 def test_the_defaults_are_good_options():
     assert gpu_verify.gpu_verify_option_problems(GOOD) == []
+    assert gpu_verify.gpu_verify_option_problems(GOOD | {"gpu_verify_cpu_replicas": 2}) == []
 
 
 @pytest.mark.parametrize(
@@ -34,6 +37,9 @@ def test_the_defaults_are_good_options():
         ("gpu_verify_expected_gpu_count", "0", "gpu_verify_expected_gpu_count is 0; it must be a whole number of GPUs"),
         ("gpu_verify_expected_gpu_count", "-2", "gpu_verify_expected_gpu_count is -2; it must be a whole number"),
         ("gpu_verify_expected_gpu_count", "1.5", "gpu_verify_expected_gpu_count is 1.5; it must be a whole number"),
+        ("gpu_verify_cpu_replicas", "-2", "gpu_verify_cpu_replicas is -2; it must be a whole number: 0 fits on"),
+        ("gpu_verify_report_keep", "0", "gpu_verify_report_keep is 0; it must be a whole number of run folders"),
+        ("gpu_verify_report_keep", "-1", "gpu_verify_report_keep is -1; it must be a whole number of run folders"),
         (
             "gpu_verify_jupyter_kernel_dir",
             "kernels",
