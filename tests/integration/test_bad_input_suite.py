@@ -383,6 +383,21 @@ CASES = [
         ("tf_venv_pip_install_timeout is 0", "at least 60", "3600 (the default)"),
     ),
     Case(
+        "pip_network_timeout_negative",
+        {"tf_venv_pip_timeout": -1},
+        ("tf_venv_pip_timeout is -1", "a whole number above 0", "120 (the default)"),
+    ),
+    Case(
+        "cpu_replicas_negative",
+        {"gpu_verify_cpu_replicas": -2},
+        ("gpu_verify_cpu_replicas is -2", "0 fits on the GPUs", "Fix it in the inventory"),
+    ),
+    Case(
+        "report_keep_zero",
+        {"gpu_verify_report_keep": 0},
+        ("gpu_verify_report_keep is 0", "at least 1", "Fix it in the inventory"),
+    ),
+    Case(
         "cuda_link_over_a_folder",
         {"cuda_toolkit_default_symlink": "/usr/lib"},
         ("cuda_toolkit_default_symlink /usr/lib", "not a symbolic link", "/usr/local/cuda"),
