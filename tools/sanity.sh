@@ -79,9 +79,11 @@ if [[ "$(python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')" == "$p
 else
   tools/build-sandbox-image.sh "$debian13_image" >/dev/null
   # The machine's CA bundle (TEST-HOST: HTTPS goes through a TLS-inspecting proxy) for pip in the
-  # container; pip's download cache is this machine's.
+  # container; pip's download cache is this machine's. The host's network: behind podman's NAT, pip's
+  # index lookups once failed with "Temporary failure in name resolution" while another part's
+  # containers set up their networks.
   mkdir -p "${XDG_CACHE_HOME:-$HOME/.cache}/pip"
-  podman run --rm --runtime=runc --ulimit nofile=1024:1024 --ulimit nproc=4096:4096 \
+  podman run --rm --runtime=runc --network host --ulimit nofile=1024:1024 --ulimit nproc=4096:4096 \
     -v "$install_root:$install_root" -v "$sanity_home:/root/.ansible" -v "$core_dir:/opt/ansible-core:ro" \
     -v "$root/tools/sanity_get_pip.py:/opt/sanity_get_pip.py:ro" \
     -v "${XDG_CACHE_HOME:-$HOME/.cache}/pip:/root/.cache/pip" \
