@@ -226,7 +226,7 @@ SET_JOBS = (
 LATE_JOB = "train.py pid 5151 (2048 MiB on GPU-"
 WAIT_TASK = "Wait for the GPUs to have no compute process after the drain"
 # The first task of the reprovisioning after the drain that the checks before it do not run.
-INSTALL_PHASE = "TASK [gpu_fleet.tf_hosts.cuda_toolkit : Decide whether this toolkit is installed and complete, CUDA"
+INSTALL_PHASE = "TASK [gpu_fleet.tf_hosts.cuda_toolkit : Decide what each toolkit and the default symlink need"
 
 
 def drain_with_a_job(host: str, ends_after: int) -> list[str]:
