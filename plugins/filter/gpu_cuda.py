@@ -21,6 +21,7 @@ import re
 from typing import Any
 
 from ansible.module_utils.parsing.convert_bool import boolean
+from ansible_collections.gpu_fleet.tf_hosts.plugins.plugin_utils.host_cache import may_hold
 from ansible_collections.gpu_fleet.tf_hosts.plugins.plugin_utils.message import Message
 
 # What a complete toolkit has ({root}, {cudart_soname}), and what is read of it ({done} the record's name).
@@ -98,13 +99,7 @@ def toolkit_installed(toolkit: dict, look: dict, done: str) -> bool:
 def _cached(toolkit: dict, inputs: dict) -> bool:
     """Whether the toolkit's runfile may be in the host cache (so its removal is to be tried): never when
     the cache is kept; else when gpu_preflight found it there or what the cache holds is unknown."""
-    if boolean(inputs.get("keep_cache", False), strict=False):
-        return False
-    files = inputs.get("cache_files")
-    if files is None:
-        return True
-    tail = f"/cuda_toolkit/{toolkit['version']}/{toolkit['runfile']['file']}"
-    return any(str(path).endswith(tail) for path in files)
+    return may_hold(f"/cuda_toolkit/{toolkit['version']}/{toolkit['runfile']['file']}", inputs)
 
 
 def gpu_cuda_toolkits(toolkits: list[dict], look: dict, inputs: dict) -> dict[str, Any]:

@@ -17,8 +17,8 @@ import posixpath
 import re
 from typing import Any
 
-from ansible.module_utils.parsing.convert_bool import boolean
 from ansible_collections.gpu_fleet.tf_hosts.plugins.filter.gpu_stack import cudnn_header_version
+from ansible_collections.gpu_fleet.tf_hosts.plugins.plugin_utils.host_cache import may_hold
 from ansible_collections.gpu_fleet.tf_hosts.plugins.plugin_utils.message import Message
 
 # The completion record's name in a toolkit tree, written last by tasks/unpack.yml.
@@ -94,13 +94,7 @@ def tree_installed(stack: dict, look: dict) -> bool:
 def _cached(stack: dict, inputs: dict) -> bool:
     """Whether the stack's archive may be in the host cache (its removal is to be tried): never when the
     cache is kept; else when gpu_preflight found it there or what the cache holds is unknown."""
-    if boolean(inputs.get("keep_cache", False), strict=False):
-        return False
-    files = inputs.get("cache_files")
-    if files is None:
-        return True
-    tail = f"/cudnn/{stack['cudnn']['version']}/{stack['cudnn']['archive']['file']}"
-    return any(str(path).endswith(tail) for path in files)
+    return may_hold(f"/cudnn/{stack['cudnn']['version']}/{stack['cudnn']['archive']['file']}", inputs)
 
 
 def gpu_cudnn_trees(stacks: list[dict], look: dict, inputs: dict) -> dict[str, Any]:
