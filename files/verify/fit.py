@@ -505,7 +505,8 @@ def _import_tensorflow(result: dict[str, Any], progress: Progress) -> tuple[Any,
             problem(
                 "tensorflow",
                 f"{result['error']} (interpreter {sys.executable}).",
-                "run fit.py with the venv's python and reinstall the pinned TensorFlow (tf_venv role)",
+                "run fit.py with the venv's python; if it is that venv's, its files are damaged (pip still counts"
+                f" it as holding its lock): remove {sys.prefix} and run playbooks/tensorflow.yml, which rebuilds it",
             )
         )
         return None

@@ -827,7 +827,9 @@ def tensorflow_problems(
             problem(
                 "tensorflow",
                 f"{tf_info['error']} (interpreter {sys.executable}).",
-                "run the script with the venv's python and reinstall the pinned TensorFlow there (tf_venv role)",
+                "run the script with the venv's python; if it is that venv's, its files are damaged (pip still"
+                f" counts it as holding its lock): remove {sys.prefix} and run playbooks/tensorflow.yml, which"
+                " rebuilds it",
             )
         ]
     problems: list[Problem] = []
