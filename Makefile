@@ -10,6 +10,10 @@ BIN := $(CURDIR)/$(VENV)/bin
 export PATH := $(BIN):$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export ANSIBLE_HOME := $(CURDIR)/.ansible
+# Ansible's per-run scratch folders outside the clone: `ansible-galaxy collection build` (lint, sanity) lists
+# every file of the clone, and another part's run removing its folder meanwhile stopped the build
+# ("Unknown error processing manifest directive: [Errno 2] No such file or directory").
+export ANSIBLE_LOCAL_TEMP := $(or $(TMPDIR),/tmp)/gpu-fleet-ansible-local
 export ANSIBLE_FORCE_COLOR ?= 0
 STANDINS := build/standins
 PYTEST_UNIT := tests/unit
