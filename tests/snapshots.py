@@ -221,7 +221,10 @@ def _images() -> list[str]:
 
 
 def _prune(state: State, keep: str) -> None:
-    """Remove the state's older images (other keys): they can never be used again."""
+    """Remove the state's older images (other keys): they can never be used again. With
+    GPU_FLEET_SNAPSHOT_PRUNE=0 they stay, for several work trees testing side by side."""
+    if os.environ.get("GPU_FLEET_SNAPSHOT_PRUNE", "1") == "0":
+        return
     for image in _images():
         if image != keep and image.split(":", 1)[1].startswith(f"{state.name}-"):
             podman("rmi", "-f", image, check=False)
