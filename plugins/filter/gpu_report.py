@@ -127,6 +127,21 @@ def gpu_verify_result(run: dict, install_dir: str = "/opt/gpu-verify") -> dict:
     )
 
 
+def gpu_verify_outcome(results: Any, switch: Any = None) -> Any:
+    """``gpu_verify_results`` with the documents of the default switch (``gpu_env_default_switch``'s
+    ``results``: the declared default's check where gpu_verify ran none, its failed check through the
+    system library path) over those of their stack, each with the host's ``disk_used_bytes``.
+    ``results`` as given when the switch ran no check of its own."""
+    own = (switch or {}).get("results") if isinstance(switch, dict) else None
+    if not own:
+        return results
+    merged = dict(results or {})
+    disk = next((doc["disk_used_bytes"] for doc in merged.values() if "disk_used_bytes" in (doc or {})), None)
+    for stack, doc in own.items():
+        merged[stack] = dict(doc, disk_used_bytes=disk) if disk is not None else dict(doc)
+    return merged
+
+
 def gpu_verify_held_back(held: list[dict]) -> dict[str, dict]:
     """gpu_preflight's ``gpu_preflight_held_back`` (``[{name, cause}]``, stacks left out of the run
     because an artifact could not be used) -> ``{stack: failed document}`` for the host's results."""
@@ -255,14 +270,16 @@ def gpu_verify_collect(all_hosts: list[str], hostvars: Any, alive_hosts: list[st
         ``{host: [document per stack]}``, the input of fleet_report.py; each document carries
         ``preflight_overridden`` (gpu_preflight problems turned off by an override),
         ``driver_reboot_required`` and ``driver_loaded_version`` (nvidia_driver's published facts) and
-        ``default_switch`` (``{from, to, switched}``, when a new default stack waited for verification) and
+        ``default_switch`` (gpu_env's ``gpu_env_default_switch``, ``{from, to, switched, waits}``, when a new
+        default stack waited; its own checks replace those of their stack, :func:`gpu_verify_outcome`) and
         ``health`` (gpu_health's ``gpu_health_report`` made compact, :func:`compact_health`; None without
         one).  A host without results maps to one document instead of a list (:func:`_no_results`).
     """
     report: dict[str, Any] = {}
     for host in all_hosts:
         facts = hostvars[host]
-        results = facts.get("gpu_verify_results")
+        switch = facts.get("gpu_env_default_switch") or None
+        results = gpu_verify_outcome(facts.get("gpu_verify_results"), switch)
         if not results:
             report[host] = _no_results(host, facts, alive_hosts)
             continue
@@ -271,8 +288,8 @@ def gpu_verify_collect(all_hosts: list[str], hostvars: Any, alive_hosts: list[st
             # Published by nvidia_driver: the loaded kernel module is not the installed driver.
             "driver_reboot_required": bool(facts.get("nvidia_driver_reboot_required")),
             "driver_loaded_version": facts.get("nvidia_driver_loaded_version") or None,
-            # gpu_verify's own: a newly declared default stack switched to, or not (tasks/switch.yml).
-            "default_switch": facts.get("gpu_verify_default_switch") or None,
+            # Published by gpu_env (its entry point switch): a newly declared default switched to, or not.
+            "default_switch": switch,
             # Published by gpu_health, which runs first: the host's GPU health at the time of the run.
             "health": compact_health(facts.get("gpu_health_report")),
         }
@@ -289,6 +306,7 @@ class FilterModule:
             "gpu_verify_collect": gpu_verify_collect,
             "gpu_verify_stack_name": gpu_verify_stack_name,
             "gpu_verify_held_back": gpu_verify_held_back,
+            "gpu_verify_outcome": gpu_verify_outcome,
             "gpu_du_bytes": gpu_du_bytes,
             "gpu_verify_argv": gpu_verify_argv,
         }

@@ -36,6 +36,11 @@ MESSAGES = {
     # A declared default that did not verify stays declared; the host keeps its previous default.
     "stays": "The default stays {old}; {new} becomes the default once it verifies. ",
     "switched": "Default stack switched: {old} -> {new}",
+    # playbooks/verify.yml only reads: a pending default is named, and switched to by site.yml.
+    "waits": (
+        "The default stays {old}: the declared default {new} waits for a run of site.yml (or"
+        " playbooks/reprovision.yml), which switches to it once it verifies; playbooks/verify.yml only reads."
+    ),
     "not_switched": (
         "The default stays {old}: the declared default {new} did not pass verification on this host (see its"
         " problems below); it becomes the default once it does."
@@ -139,7 +144,7 @@ def gpu_verify_results(
 def gpu_verify_failure(result: dict[str, Any], stack: str, host: str, switch: Any = None) -> str:
     """The message a host fails with for a stack whose document (``result``) is not ``ok``: each problem's cause
     and fix, ``|`` between problems; for a newly declared default that did not verify (``switch``,
-    gpu_verify_default_switch, not ``switched``) first that the previous default stays."""
+    gpu_env_default_switch, not ``switched``) first that the previous default stays."""
     switch = switch if isinstance(switch, dict) else {}
     stays = ""
     if stack == (switch.get("to") or "") and not switch.get("switched"):
@@ -150,8 +155,9 @@ def gpu_verify_failure(result: dict[str, Any], stack: str, host: str, switch: An
 
 
 def gpu_verify_switch_note(switch: dict[str, Any]) -> str:
-    """``gpu_verify_default_switch`` (``{from, to, switched}``) -> the line that says which stack is the default."""
-    key = "switched" if switch.get("switched") else "not_switched"
+    """``gpu_env_default_switch`` (``{from, to, switched, waits}``) -> the line that says which stack is the
+    default: switched, waiting for a run that switches (``waits``), or staying after a failed verification."""
+    key = "switched" if switch.get("switched") else "waits" if switch.get("waits") else "not_switched"
     return MESSAGES[key].format(old=switch.get("from"), new=switch.get("to"))
 
 

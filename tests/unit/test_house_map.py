@@ -21,9 +21,9 @@ house_map = importlib.util.module_from_spec(SPEC)
 sys.modules["house_map"] = house_map  # dataclasses look their module up by name
 SPEC.loader.exec_module(house_map)
 
-CROSS_ROLE_TASKS_FROM_CEILING = 8
+CROSS_ROLE_TASKS_FROM_CEILING = 2
 CROSS_ROLE_TASKS_FROM_TARGET = 6
-ENTRY_POINTS_CEILING = 32
+ENTRY_POINTS_CEILING = 29
 ENTRY_POINTS_TARGET = 12
 INCLUDE_DEPTH_CEILING = 6
 INCLUDE_DEPTH_TARGET = 4
@@ -32,9 +32,7 @@ TEMPLATED_OVER_600_CEILING = 0
 TEMPLATED_OVER_300_TARGET = 0
 README_LINES_TARGET = 250
 # The published facts with more than one writer file; the target is none.
-MULTI_WRITER_FACTS = {
-    "gpu_verify_default_switch",
-}
+MULTI_WRITER_FACTS: set[str] = set()
 
 
 def ratchet(what: str, figure: int, ceiling: int, target: int) -> str:

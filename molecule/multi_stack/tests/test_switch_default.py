@@ -9,7 +9,9 @@ Each step runs the real site.yml with tf2.18 declared the default (the host serv
 3. Its library restored, but another libcudnn.so.9 (cuDNN 9.1.0) first on the system library path:
    it verifies through its binding, takes over, fails the check through the system library path,
    and tf2.12 is put back.
-4. That library gone: it verifies, becomes the default (/usr/local/cuda, the loader cache,
+4. That library gone, playbooks/verify.yml alone: it verifies, but verify.yml only reads the host, so
+   the pointers still serve tf2.12 and the run and the report name tf2.18 as pending.
+5. site.yml: it verifies, becomes the default (/usr/local/cuda, the loader cache,
    /etc/tf-stacks/default) and is checked again through the system library path.
 
 The steps depend on each other and run in this order (pytest keeps a module's order); the host then
@@ -65,11 +67,11 @@ def workdir(tmp_path_factory) -> Path:
     return top
 
 
-def site(workdir: Path, **extra) -> tuple[subprocess.CompletedProcess, dict]:
-    """site.yml with NEW declared the default (plus ``extra``); the run and its fleet report."""
+def site(workdir: Path, playbook: str = "site.yml", **extra) -> tuple[subprocess.CompletedProcess, dict]:
+    """``playbook`` with NEW declared the default (plus ``extra``); the run and its fleet report."""
     variables = {"gpu_preflight_default_stack": NEW, "gpu_verify_report_dir": str(workdir / "reports"), **extra}
     (workdir / "extra.json").write_text(json.dumps(variables))
-    run = run_playbook("site.yml", workdir / INVENTORY, "-e", f"@{workdir / 'extra.json'}", timeout=900)
+    run = run_playbook(playbook, workdir / INVENTORY, "-e", f"@{workdir / 'extra.json'}", timeout=900)
     report = latest_report(workdir / "reports", INVENTORY)
     assert report.exists(), run.stdout[-6000:]
     return run, json.loads(report.read_text())["hosts"][HOST]
@@ -179,9 +181,28 @@ def test_a_default_that_fails_through_the_system_path_is_switched_back(rolled_ba
 
 
 @pytest.fixture(scope="module")
-def switched(workdir, rolled_back):
-    """Step 4: the other cuDNN gone."""
+def pending(workdir, rolled_back):
+    """Step 4: the other cuDNN gone; playbooks/verify.yml alone."""
     host_sh(f"rm -rf {SHADOW} {SHADOW_CONF} && ldconfig")
+    return site(workdir, playbook="playbooks/verify.yml")
+
+
+def test_verify_alone_leaves_a_verified_new_default_pending(pending):
+    run, entry = pending
+    assert run.returncode == 0, run.stdout[-6000:]
+    assert f"The default stays {OLD}: the declared default {NEW} waits for a run of site.yml" in run.stdout
+    assert served() == OLD_SERVED
+    assert entry["status"] == "PASS", entry["problems"]
+    assert not [note for note in entry["mode_notes"] if note.startswith("default stack switched")]
+    assert any(
+        note.startswith(f"default stays {OLD}: the declared default {NEW} is pending") for note in entry["mode_notes"]
+    )
+    assert json.loads(host_sh("tf-stack list --json"))["default"] == OLD
+
+
+@pytest.fixture(scope="module")
+def switched(workdir, pending):
+    """Step 5: site.yml."""
     return site(workdir)
 
 

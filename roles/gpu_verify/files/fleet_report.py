@@ -498,12 +498,17 @@ def _row_notes(doc: Any) -> dict[str, Any]:
 
 
 def _default_note(doc: Any) -> list[str]:
-    """What became of a switch to a newly declared default stack (gpu_verify's default_switch)."""
+    """What became of a switch to a newly declared default stack (gpu_env's default_switch)."""
     switch = _get(doc, "default_switch")
     if not isinstance(switch, dict) or not switch.get("to"):
         return []
     if switch.get("switched"):
         return [f"default stack switched: {switch.get('from')} -> {switch.get('to')} (verified first)"]
+    if switch.get("waits"):
+        return [
+            f"default stays {switch.get('from')}: the declared default {switch.get('to')} is pending; site.yml "
+            "switches to it once it verifies (playbooks/verify.yml only reads)"
+        ]
     return [
         f"default stays {switch.get('from')}: the declared default {switch.get('to')} did not pass "
         "verification; it becomes the default once it does"

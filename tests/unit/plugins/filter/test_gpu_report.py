@@ -129,13 +129,33 @@ def test_du_bytes_parses_du_output():
 
 
 def test_collect_carries_the_default_switch():
-    switch = {"from": "tf2.12", "to": "tf2.18", "switched": False, "default": "tf2.12"}
+    switch = {"from": "tf2.12", "to": "tf2.18", "switched": False, "default": "tf2.12", "results": {}}
     hostvars = {
-        "a": {"gpu_verify_results": {"tf2.12": {"ok": True}}, "gpu_verify_default_switch": switch},
+        "a": {"gpu_verify_results": {"tf2.12": {"ok": True}}, "gpu_env_default_switch": switch},
         "b": {"gpu_verify_results": {"tf2.12": {"ok": True}}},
     }
     report = gpu_report.gpu_verify_collect(["a", "b"], hostvars, ["a", "b"])
     assert (report["a"][0]["default_switch"], report["b"][0]["default_switch"]) == (switch, None)
+
+
+def test_collect_shows_the_failed_check_through_the_system_path_in_the_new_defaults_row():
+    recheck = {"ok": False, "stack": "tf2.18", "problems": [{"cause": "libcudnn from /opt/shadow", "fix": "x"}]}
+    switch = {"from": "tf2.12", "to": "tf2.18", "switched": False, "results": {"tf2.18": recheck}}
+    results = {
+        "tf2.12": {"ok": True, "disk_used_bytes": {"/a": 1}},
+        "tf2.18": {"ok": True, "disk_used_bytes": {"/a": 1}},
+    }
+    hostvars = {"a": {"gpu_verify_results": results, "gpu_env_default_switch": switch}}
+    docs = gpu_report.gpu_verify_collect(["a"], hostvars, ["a"])["a"]
+    assert [doc["ok"] for doc in docs] == [True, False]
+    assert docs[1]["problems"] == recheck["problems"] and docs[1]["disk_used_bytes"] == {"/a": 1}
+
+
+def test_outcome_is_the_results_as_given_without_checks_of_the_switch():
+    results = {"tf2.12": {"ok": True}}
+    assert gpu_report.gpu_verify_outcome(results, None) is results
+    assert gpu_report.gpu_verify_outcome(None, {"results": {}}) is None
+    assert gpu_report.gpu_verify_outcome(None, {"results": {"tf2.18": {"ok": True}}}) == {"tf2.18": {"ok": True}}
 
 
 def test_held_back_stacks_become_failed_results_that_name_the_artifact():

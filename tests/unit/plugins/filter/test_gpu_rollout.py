@@ -385,11 +385,11 @@ def test_reprovision_guards_checks_and_drains_in_that_order_and_undrains_last():
     # Every check of playbooks/preflight.yml runs before the drain; the first change after it.
     preflight = site_steps()[0]
     assert max(steps.index(s) for s in preflight) < drain < steps.index(("nvidia_driver", "main"))
-    # The report's hosts left out are named once per batch, right before the verification writes it;
-    # between the verification and the undrain only the health baseline of what was verified.
+    # The report's hosts left out are named once per batch, right before the verification; between it and
+    # the undrain the switch of a verified new default, the report, and the health baseline of what was verified.
     verify = steps.index(("gpu_verify", "main"))
     assert steps.index(("gpu_rollout", "status")) == verify - 1
-    assert steps[verify + 1 : undrain] == [("gpu_health", "record")]
+    assert steps[verify + 1 : undrain] == [("gpu_env", "switch"), ("gpu_verify", "report"), ("gpu_health", "record")]
 
 
 def test_a_failed_host_gets_its_batch_report_then_counts_against_max_fail_percentage():

@@ -140,3 +140,9 @@ def test_switch_note_says_the_previous_default_stays_until_the_new_one_verifies(
     note = gpu_verify.gpu_verify_switch_note({"from": "tf2.12", "to": "tf2.16", "switched": False})
     assert note.startswith("The default stays tf2.12: the declared default tf2.16 did not pass verification")
     assert note.endswith("it becomes the default once it does.")
+
+
+def test_switch_note_names_a_pending_default_that_a_reading_run_leaves_waiting():
+    note = gpu_verify.gpu_verify_switch_note({"from": "tf2.12", "to": "tf2.16", "switched": False, "waits": True})
+    assert note.startswith("The default stays tf2.12: the declared default tf2.16 waits for a run of site.yml")
+    assert note.endswith("playbooks/verify.yml only reads.")

@@ -326,19 +326,24 @@ def test_a_host_that_needs_a_reboot_says_so():
 
 
 @pytest.mark.parametrize(
-    ("switched", "note"),
+    ("outcome", "note"),
     [
-        (True, "default stack switched: tf2.12 -> tf2.18 (verified first)"),
+        ({"switched": True}, "default stack switched: tf2.12 -> tf2.18 (verified first)"),
         (
-            False,
+            {"switched": False},
             "default stays tf2.12: the declared default tf2.18 did not pass verification; it becomes the "
             "default once it does",
         ),
+        (
+            {"switched": False, "waits": True},
+            "default stays tf2.12: the declared default tf2.18 is pending; site.yml switches to it once it "
+            "verifies (playbooks/verify.yml only reads)",
+        ),
     ],
-    ids=["switched", "stays"],
+    ids=["switched", "stays", "waits"],
 )
-def test_the_notes_say_what_became_of_a_default_switch(switched, note):
-    doc = dict(passing_doc(), default_switch={"from": "tf2.12", "to": "tf2.18", "switched": switched})
+def test_the_notes_say_what_became_of_a_default_switch(outcome, note):
+    doc = dict(passing_doc(), default_switch={"from": "tf2.12", "to": "tf2.18", **outcome})
     notes = fleet_report.build_report({"gpu01": [doc]}, None)["hosts"]["gpu01"]["mode_notes"]
     assert note in notes
     calm = fleet_report.build_report({"gpu01": [passing_doc()]}, None)["hosts"]["gpu01"]["mode_notes"]
