@@ -25,6 +25,7 @@ ENTRY_POINTS = [
     ("tf_venv", "lock", STOP),
 ]
 
+
 @pytest.mark.parametrize(("role", "entry", "task"), ENTRY_POINTS)
 def test_a_role_run_before_the_stacks_are_resolved_stops_naming_the_fix(tmp_path, role, entry, task):
     include = {"name": f"gpu_fleet.tf_hosts.{role}", "tasks_from": entry}
