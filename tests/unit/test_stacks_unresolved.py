@@ -18,7 +18,7 @@ ENTRY_POINTS = [
     ("gpu_artifacts", "main"),
     ("gpu_env", "main"),
     ("gpu_verify", "main"),
-    ("tf_venv", "lock"),
+    ("tf_venv", "check"),
 ]
 
 
