@@ -21,9 +21,9 @@ house_map = importlib.util.module_from_spec(SPEC)
 sys.modules["house_map"] = house_map  # dataclasses look their module up by name
 SPEC.loader.exec_module(house_map)
 
-CROSS_ROLE_TASKS_FROM_CEILING = 8
+CROSS_ROLE_TASKS_FROM_CEILING = 7
 CROSS_ROLE_TASKS_FROM_TARGET = 6
-ENTRY_POINTS_CEILING = 32
+ENTRY_POINTS_CEILING = 31
 ENTRY_POINTS_TARGET = 12
 INCLUDE_DEPTH_CEILING = 6
 INCLUDE_DEPTH_TARGET = 4

@@ -22,7 +22,7 @@ ENTRY_POINTS = [
     ("gpu_env", "main", STOP),
     ("gpu_verify", "main", STOP),
     ("nvidia_driver", "main", "Decide the install method and whether the pinned driver is installed"),
-    ("tf_venv", "lock", STOP),
+    ("tf_venv", "check", STOP),
 ]
 
 
