@@ -136,6 +136,26 @@ def describe(holder: dict) -> str:
     )
 
 
+def limit_problems(wait: Any, max_age: Any) -> list[str]:
+    """What is wrong with the two limits, before anything is read or written on the host. A negative
+    max_age would call every holder stale, so two runs would each replace the other's lock."""
+    problems = []
+    for value, name, least, meaning in (
+        (wait, "gpu_preflight_run_lock_wait", 0, "seconds to wait for another run's lock, 0 to stop at once"),
+        (max_age, "gpu_preflight_run_lock_max_age", 1, "seconds after which another run's lock counts as stale"),
+    ):
+        try:
+            usable = int(value) >= least and not isinstance(value, bool)
+        except (TypeError, ValueError):
+            usable = False
+        if not usable:
+            problems.append(
+                f"{name} is {value!r}: it must be a whole number of at least {least} ({meaning}). "
+                f"Fix it in the inventory, or leave it out for its default."
+            )
+    return problems
+
+
 def waited_too_long(host: str, path: str, holder: dict, wait: int) -> str:
     """The failure after ``wait`` seconds: the holder, what this run did, and each way on."""
     return (
@@ -162,6 +182,9 @@ class ActionModule(ActionBase):
             return dict(result, changed=False, msg="Under --check no run lock is taken or given back")
         if state == "absent":
             return self._give_back(result, path, args.get("token"), task_vars or {})
+        problems = limit_problems(args.get("wait", 300), args.get("max_age", 43200))
+        if problems:
+            return dict(result, failed=True, msg=" ".join(problems))
         return self._take(result, path, int(args.get("wait", 300)), int(args.get("max_age", 43200)), task_vars or {})
 
     def _call(self, module_args: dict, task_vars: dict) -> dict:

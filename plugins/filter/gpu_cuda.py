@@ -107,8 +107,8 @@ def gpu_cuda_toolkits(toolkits: list[dict], look: dict, inputs: dict) -> dict[st
     ``installed``: missing or incomplete ones, and installed ones whose runfile may still be in the host
     cache), ``plan`` ({root: {change, text}}) and ``link_ok`` (the default symlink needs no round trip).
     ``inputs``: ``done`` (the completion record's name), ``cache_files`` (gpu_preflight's look at the host
-    cache, None when unknown), ``keep_cache``, ``link``, ``link_checked`` (the check looked at it in this
-    run), ``default_root`` (the default stack's toolkit) and ``plan`` (cuda_toolkit_plan so far)."""
+    cache, None when unknown), ``keep_cache``, ``link`` (the default symlink, whose stat the look holds),
+    ``default_root`` (the default stack's toolkit) and ``plan`` (cuda_toolkit_plan so far)."""
     work, plan = [], {}
     for toolkit in toolkits:
         installed = toolkit_installed(toolkit, look, inputs["done"])
@@ -120,8 +120,7 @@ def gpu_cuda_toolkits(toolkits: list[dict], look: dict, inputs: dict) -> dict[st
     link = (look.get("stat") or {}).get(inputs.get("link")) or {}
     earlier = [entry for entry in (inputs.get("plan") or {}).values() if (entry or {}).get("change")]
     link_ok = (
-        boolean(inputs.get("link_checked", False), strict=False)
-        and link.get("lnk_target", "") == inputs.get("default_root")
+        link.get("lnk_target", "") == inputs.get("default_root")
         and not earlier
         and not any(entry["change"] for entry in plan.values())
     )

@@ -26,6 +26,7 @@ import time
 from typing import Any
 
 import yaml
+from ansible.errors import AnsibleFilterError
 from ansible.module_utils.parsing.convert_bool import boolean
 from ansible_collections.gpu_fleet.tf_hosts.plugins.module_utils.gpu_metrics import Family, render
 from ansible_collections.gpu_fleet.tf_hosts.plugins.plugin_utils.message import Message
@@ -264,6 +265,16 @@ def gpu_health_option_problems(options: dict[str, Any]) -> list[str]:
     return found
 
 
+def gpu_health_options_checked(value: Any, options: dict[str, Any]) -> Any:
+    """``{{ files | gpu_fleet.tf_hosts.gpu_health_options_checked(options) }}``: ``value`` unchanged when every option
+    keeps its rule, else the task that reads it fails with :func:`gpu_health_option_problems`' messages (tasks/install.yml:
+    the options are checked before anything is written, without a task of their own)."""
+    problems = gpu_health_option_problems(options)
+    if problems:
+        raise AnsibleFilterError(" ".join(problems))
+    return value
+
+
 def _truncate(text: str, length: int = 400) -> str:
     """Jinja's ``truncate(length)``: whole words and ``...`` past the length (and its leeway of 5)."""
     if len(text) <= length + 5:
@@ -322,6 +333,7 @@ class FilterModule:
             "gpu_health_outcome": gpu_health_outcome,
             "gpu_health_timespan_seconds": gpu_health_timespan_seconds,
             "gpu_health_option_problems": gpu_health_option_problems,
+            "gpu_health_options_checked": gpu_health_options_checked,
             "gpu_health_check": gpu_health_check,
             "gpu_health_record_verdict": gpu_health_record_verdict,
         }

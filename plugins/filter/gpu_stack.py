@@ -1105,6 +1105,17 @@ def stacks_unresolved(role: str) -> str:
     )
 
 
+def stacks_required(stacks: list[dict] | None, role: str) -> list[dict]:
+    """The resolved stacks ``role`` reads; raises :func:`stacks_unresolved`'s message when none were published.
+
+    Read where the role first reads the stacks, so that a role run before gpu_preflight stops there, before
+    any change, without a task of its own.
+    """
+    if stacks is None:
+        raise AnsibleFilterError(stacks_unresolved(role))
+    return stacks
+
+
 def serve_default(stacks: list[dict], current: str = "") -> dict:
     """Which stack a host's default pointers serve in this run, and which switch waits.
 
@@ -1197,4 +1208,5 @@ class FilterModule:
             "gpu_tf_requirement": tf_requirement,
             "gpu_stacks_serve": serve_default,
             "gpu_stacks_unresolved": stacks_unresolved,
+            "gpu_stacks_required": stacks_required,
         }

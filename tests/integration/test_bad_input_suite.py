@@ -398,6 +398,11 @@ CASES = [
         ("gpu_verify_report_keep is 0", "at least 1", "Fix it in the inventory"),
     ),
     Case(
+        "run_lock_max_age_negative",
+        {"gpu_preflight_run_lock_max_age": -1},
+        ("gpu_preflight_run_lock_max_age is -1", "at least 1", "Fix it in the inventory"),
+    ),
+    Case(
         "cuda_link_over_a_folder",
         {"cuda_toolkit_default_symlink": "/usr/lib"},
         ("cuda_toolkit_default_symlink /usr/lib", "not a symbolic link", "/usr/local/cuda"),

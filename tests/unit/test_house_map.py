@@ -21,11 +21,11 @@ house_map = importlib.util.module_from_spec(SPEC)
 sys.modules["house_map"] = house_map  # dataclasses look their module up by name
 SPEC.loader.exec_module(house_map)
 
-CROSS_ROLE_TASKS_FROM_CEILING = 2
+CROSS_ROLE_TASKS_FROM_CEILING = 1
 CROSS_ROLE_TASKS_FROM_TARGET = 6
-ENTRY_POINTS_CEILING = 29
+ENTRY_POINTS_CEILING = 28
 ENTRY_POINTS_TARGET = 12
-INCLUDE_DEPTH_CEILING = 6
+INCLUDE_DEPTH_CEILING = 5
 INCLUDE_DEPTH_TARGET = 4
 TEMPLATED_OVER_300_CEILING = 0
 TEMPLATED_OVER_600_CEILING = 0

@@ -11,19 +11,23 @@ from helpers import localhost_playbook
 # (role, entry point): every entry point that reads the stacks and is reached before any host task.
 # Required inputs of a role are given (gpu_artifacts, gpu_verify), so that only the stacks are missing.
 REQUIRED = {"gpu_artifacts_controller_dir": "/nonexistent", "gpu_verify_expected_gpu_count": 1}
+STOP = "Stop when no earlier task of the run resolved the pinned stacks"
+# (role, entry point, the task that stops): a role whose first task reads the stacks stops there (filter
+# gpu_stacks_required), the others in a task of their own.
 ENTRY_POINTS = [
-    ("cuda_toolkit", "main"),
-    ("cuda_toolkit", "check"),
-    ("cudnn", "main"),
-    ("gpu_artifacts", "main"),
-    ("gpu_env", "main"),
-    ("gpu_verify", "main"),
-    ("tf_venv", "lock"),
+    ("cuda_toolkit", "main", "Look at the default symlink's path and the files of each toolkit"),
+    ("cuda_toolkit", "check", STOP),
+    ("cudnn", "main", "Look at the files of cuDNN in every toolkit tree"),
+    ("gpu_artifacts", "main", STOP),
+    ("gpu_env", "main", STOP),
+    ("gpu_verify", "main", STOP),
+    ("nvidia_driver", "main", "Decide the install method and whether the pinned driver is installed"),
+    ("tf_venv", "check", STOP),
 ]
 
 
-@pytest.mark.parametrize(("role", "entry"), ENTRY_POINTS)
-def test_a_role_run_before_the_stacks_are_resolved_stops_naming_the_fix(tmp_path, role, entry):
+@pytest.mark.parametrize(("role", "entry", "task"), ENTRY_POINTS)
+def test_a_role_run_before_the_stacks_are_resolved_stops_naming_the_fix(tmp_path, role, entry, task):
     include = {"name": f"gpu_fleet.tf_hosts.{role}", "tasks_from": entry}
     play = [
         {
@@ -37,6 +41,7 @@ def test_a_role_run_before_the_stacks_are_resolved_stops_naming_the_fix(tmp_path
     (tmp_path / "play.yml").write_text(yaml.safe_dump(play))
     run = localhost_playbook(tmp_path / "play.yml", {"ANSIBLE_HOME": str(tmp_path / ".ansible")})
     assert run.returncode == 2, run.stdout[-2000:]
-    assert "Stop when no earlier task of the run resolved the pinned stacks" in run.stdout
+    # The stopping task is the last one printed, right after the argument spec's.
+    assert run.stdout.rsplit("TASK [", 1)[1].startswith(f"gpu_fleet.tf_hosts.{role} : {task}"), run.stdout[-2000:]
     assert f"{role} reads the pinned stacks that gpu_preflight resolves" in run.stdout
     assert "changed=0" in run.stdout and "failed=1" in run.stdout

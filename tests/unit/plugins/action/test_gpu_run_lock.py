@@ -202,3 +202,31 @@ def test_a_run_that_lost_the_replace_to_another_does_not_claim_it(tmp_path):
     assert module.locked(path, {"token": "y"}, "stale", "present", None, "hb1")["held"] is False
     module.locked(path, None, None, "absent", "x", "hb1")
     assert module.locked(path, {"token": "y"}, "stale", "present", None, "hb1") == {"held": True, "replaced": False}
+
+
+@pytest.mark.parametrize(
+    ("wait", "max_age", "named"),
+    [
+        (-1, 43200, "gpu_preflight_run_lock_wait is -1"),
+        (300, 0, "gpu_preflight_run_lock_max_age is 0"),
+        (300, -5, "gpu_preflight_run_lock_max_age is -5"),
+        ("soon", 43200, "gpu_preflight_run_lock_wait is 'soon'"),
+    ],
+)
+def test_a_limit_that_cannot_be_used_is_named_with_its_rule(wait, max_age, named):
+    problems = gpu_run_lock.limit_problems(wait, max_age)
+    assert len(problems) == 1 and problems[0].startswith(named)
+    assert "leave it out for its default" in problems[0]
+
+
+def test_usable_limits_have_no_problem():
+    assert gpu_run_lock.limit_problems(0, 1) == [] and gpu_run_lock.limit_problems("300", "43200") == []
+
+
+def test_a_negative_max_age_stops_the_take_before_the_host_is_touched(tmp_path):
+    lock = tmp_path / "lock" / "run.lock"
+    playbook = tmp_path / "take.yml"
+    playbook.write_text(PLAYBOOK.format(path=lock, wait=0).replace("wait: 0}", "wait: 0, max_age: -1}"))
+    run = localhost_playbook(playbook)
+    assert run.returncode != 0 and "gpu_preflight_run_lock_max_age is -1" in run.stdout
+    assert not lock.parent.exists()

@@ -15,7 +15,7 @@ TOOLKIT = {
     "runfile": {"file": "cuda_11.8.0_520.61.05_linux.run"},
 }
 DONE = ".done"
-INPUTS = {"done": DONE, "cache_files": [], "link": "/usr/local/cuda", "link_checked": True, "default_root": ROOT}
+INPUTS = {"done": DONE, "cache_files": [], "link": "/usr/local/cuda", "default_root": ROOT}
 
 
 def _look(nvcc="11.8.89", record="11.8.89\n", runtime=True, link=ROOT):
@@ -63,8 +63,8 @@ def test_an_interrupted_install_is_reinstalled_and_the_link_looked_at_again():
     assert fresh["plan"][ROOT]["text"] == f"CUDA 11.8.0 would be installed in {ROOT}"
 
 
-def test_the_link_is_not_trusted_without_the_check_or_pointing_elsewhere():
-    assert not gpu_cuda.gpu_cuda_toolkits([TOOLKIT], _look(), dict(INPUTS, link_checked=False))["link_ok"]
+def test_the_link_is_trusted_only_pointing_at_the_default_with_nothing_changed():
+    assert gpu_cuda.gpu_cuda_toolkits([TOOLKIT], _look(), INPUTS)["link_ok"]
     assert not gpu_cuda.gpu_cuda_toolkits([TOOLKIT], _look(link="/usr/local/cuda-12.2"), INPUTS)["link_ok"]
     earlier = {"x": {"change": True, "text": "x"}}
     assert not gpu_cuda.gpu_cuda_toolkits([TOOLKIT], _look(), dict(INPUTS, plan=earlier))["link_ok"]

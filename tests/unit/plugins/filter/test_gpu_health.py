@@ -8,6 +8,7 @@ import re
 
 import pytest
 import yaml
+from ansible.errors import AnsibleFilterError
 
 # tests/conftest.py puts ROOT/collections on sys.path: plugins import by their collection path.
 from ansible_collections.gpu_fleet.tf_hosts.plugins.filter import gpu_health as health_filters
@@ -201,6 +202,15 @@ def test_a_bad_option_is_named_with_its_rule_and_the_fix(name, value, message):
 def test_every_bad_option_is_named_at_once():
     bad = GOOD_OPTIONS | {"gpu_health_timeout": -1, "gpu_health_command": "gpu-health"}
     assert len(health_filters.gpu_health_option_problems(bad)) == 2
+
+
+def test_the_install_reads_its_files_through_the_options_check():
+    files = [{"dest": "/usr/local/sbin/gpu-health"}]
+    assert health_filters.gpu_health_options_checked(files, GOOD_OPTIONS) is files
+    bad = GOOD_OPTIONS | {"gpu_health_timeout": -1, "gpu_health_command": "gpu-health"}
+    with pytest.raises(AnsibleFilterError) as raised:
+        health_filters.gpu_health_options_checked(files, bad)
+    assert str(raised.value) == " ".join(health_filters.gpu_health_option_problems(bad))
 
 
 HEALTHY = {"up": True, "exit_code": 0, "findings": []}

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from ansible.errors import AnsibleFilterError
 
 ROOT = Path(__file__).resolve().parents[4]
 sys.path.insert(0, str(ROOT / "plugins" / "filter"))
@@ -1118,6 +1119,16 @@ def test_a_role_that_runs_before_the_stacks_are_resolved_names_the_cause_and_the
     assert "gpu_preflight_resolved_stacks" in message
     assert "tasks_from: stacks" in message and "`always`" in message
     assert "pre_tasks" in message and "apply: {tags: [always]}" in message
+
+
+def test_the_stacks_a_role_reads_come_back_or_stop_it_with_the_fix():
+    required = gpu_stack.FilterModule().filters()["gpu_stacks_required"]
+    stacks = [{"name": "tf2.15"}]
+    assert required(stacks, "cudnn") is stacks
+    assert required([], "cudnn") == []
+    with pytest.raises(AnsibleFilterError) as raised:
+        required(None, "cudnn")
+    assert str(raised.value) == gpu_stack.stacks_unresolved("cudnn")
 
 
 HOST_PINS = {

@@ -44,3 +44,10 @@ def test_an_unhealthy_host_is_named_and_fails_only_after_its_verification_when_a
     assert "failed=1" in out
     kept = run(tmp_path, script, ["check", "record"], gpu_verify_results={})
     assert kept.count(summary) == 1 and "failed=0" in kept
+
+
+def test_main_stops_on_a_bad_option_before_it_writes_anything(tmp_path):
+    out = " ".join(run(tmp_path, "exit 0\n", ["main"], gpu_health_interval="every 5 minutes").split())
+    assert "gpu_health_interval is every 5 minutes; it must be a systemd time span of at least a minute" in out
+    assert "Install the health check, its command and its systemd units" in out
+    assert "changed=0" in out and "failed=1" in out
