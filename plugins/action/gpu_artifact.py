@@ -23,7 +23,7 @@ from ansible_collections.gpu_fleet.tf_hosts.plugins.lookup.artifact_sha256 impor
 from ansible_collections.gpu_fleet.tf_hosts.plugins.lookup.collection_path import documented_default
 from ansible_collections.gpu_fleet.tf_hosts.plugins.plugin_utils.action_runner import ActionRunner
 
-STATE_MODULE = "gpu_fleet.tf_hosts.gpu_host_state"
+STATE_MODULE = "gpu_fleet.tf_hosts.gpu_host_probe"
 OPTIONS = {"artifact", "subdir", "state", "controller_dir", "host_cache_dir", "keep_cache", "cache_files", "pushed"}
 # The gpu_artifacts input that an option left out stands for (the same value the role itself reads).
 ROLE_INPUTS = {
@@ -67,7 +67,7 @@ def removal_needed(path: str, keep_cache: bool, cache_files: list | None, pushed
 
 
 def root_owned(found: dict, mode: str) -> bool:
-    """Whether gpu_host_state's stat entry is root's with ``mode``."""
+    """Whether gpu_host_probe's stat entry is root's with ``mode``."""
     return found.get("mode") == mode and found.get("owner") == "root" and found.get("group") == "root"
 
 
@@ -126,7 +126,7 @@ def combined(steps: list[dict]) -> dict:
 
 
 class ActionModule(ActionRunner):
-    # No temporary folder of its own: gpu_host_state runs pipelined, and copy makes one when it pushes.
+    # No temporary folder of its own: gpu_host_probe runs pipelined, and copy makes one when it pushes.
     TRANSFERS_FILES = False
     _supports_check_mode = True
     _supports_diff = True

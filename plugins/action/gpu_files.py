@@ -4,7 +4,7 @@
 
 A ``copy`` or ``template`` task costs two round trips even when nothing changes (a stat, then the file
 module for owner and mode). This action hashes every file's wanted content on the controller, looks at
-all of them on the host with gpu_host_state (one round trip), and writes only the files that differ:
+all of them on the host with gpu_host_probe (one round trip), and writes only the files that differ:
 with the module gpu_files, all in one more round trip (each file through a temporary file and one
 rename, as ``copy`` does); with Ansible's own ``copy`` action where that is needed (a validate
 command, check or diff mode). Documentation: plugins/modules/gpu_files.py.
@@ -21,7 +21,7 @@ from ansible.errors import AnsibleActionFail
 from ansible.module_utils.common.text.converters import to_bytes
 from ansible_collections.gpu_fleet.tf_hosts.plugins.plugin_utils.action_runner import ActionRunner
 
-STATE_MODULE = "gpu_fleet.tf_hosts.gpu_host_state"
+STATE_MODULE = "gpu_fleet.tf_hosts.gpu_host_probe"
 MODULE = "gpu_fleet.tf_hosts.gpu_files"
 ITEM_KEYS = {"dest", "content", "src", "link", "mode", "owner", "group", "validate"}
 SOURCES = ("content", "src", "link")
@@ -61,7 +61,7 @@ def batch_item(item: dict, content: bytes) -> dict:
 
 
 def stale(item: dict, wanted_sha1: str, found: dict, checksum: str | None) -> bool:
-    """Whether the host's file (gpu_host_state's stat entry and checksum) differs from the item; a
+    """Whether the host's file (gpu_host_probe's stat entry and checksum) differs from the item; a
     link item's path must be a symbolic link with that target, as written."""
     if "link" in item:
         return not (found.get("islnk") and found.get("lnk_target") == item["link"])

@@ -23,8 +23,17 @@ from collections.abc import Callable
 from typing import Any
 
 from ansible.plugins.action import ActionBase
+from ansible_collections.gpu_fleet.tf_hosts.plugins.lookup.collection_path import documented_default
 
 MODULE = "gpu_fleet.tf_hosts.gpu_run_lock"
+# What a take is registered as (playbooks/tasks/checks.yml), which a give-back without a token reads; and
+# the gpu_preflight input that an option left out stands for.
+REGISTERED = "gpu_preflight_run_lock"
+ROLE_INPUTS = {
+    "path": "gpu_preflight_run_lock_path",
+    "wait": "gpu_preflight_run_lock_wait",
+    "max_age": "gpu_preflight_run_lock_max_age",
+}
 POLL = 5  # seconds between two looks at a live holder's lock
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
 VALUE_OPTIONS = {
@@ -136,6 +145,13 @@ def describe(holder: dict) -> str:
     )
 
 
+def held_token(published: Any) -> str | None:
+    """The token of this run's lock from its take's registered result, or None (no lock taken: under
+    --check, or the take was skipped or failed)."""
+    owner = published.get("owner") if isinstance(published, dict) else None
+    return owner.get("token") if isinstance(owner, dict) else None
+
+
 def limit_problems(wait: Any, max_age: Any) -> list[str]:
     """What is wrong with the two limits, before anything is read or written on the host. A negative
     max_age would call every holder stale, so two runs would each replace the other's lock."""
@@ -174,18 +190,30 @@ class ActionModule(ActionBase):
 
     def run(self, tmp: Any = None, task_vars: dict | None = None) -> dict:
         result = super().run(tmp, task_vars)
-        args = self._task.args
-        path, state = args.get("path"), args.get("state", "present")
-        if not path or state not in ("present", "absent"):
-            return dict(result, failed=True, msg="gpu_run_lock: give path, and state present or absent")
+        task_vars = task_vars or {}
+        state = self._task.args.get("state", "present")
+        if state not in ("present", "absent"):
+            return dict(result, failed=True, msg="gpu_run_lock: state is present or absent")
+        path = self._option("path", task_vars)
         if self._task.check_mode:
             return dict(result, changed=False, msg="Under --check no run lock is taken or given back")
         if state == "absent":
-            return self._give_back(result, path, args.get("token"), task_vars or {})
-        problems = limit_problems(args.get("wait", 300), args.get("max_age", 43200))
+            token = self._task.args.get("token") or held_token(task_vars.get(REGISTERED))
+            return self._give_back(result, path, token, task_vars)
+        wait, max_age = self._option("wait", task_vars), self._option("max_age", task_vars)
+        problems = limit_problems(wait, max_age)
         if problems:
             return dict(result, failed=True, msg=" ".join(problems))
-        return self._take(result, path, int(args.get("wait", 300)), int(args.get("max_age", 43200)), task_vars or {})
+        return self._take(result, path, int(wait), int(max_age), task_vars)
+
+    def _option(self, name: str, task_vars: dict) -> Any:
+        """The task's option, else gpu_preflight's input it stands for: the host's value, else its default."""
+        if self._task.args.get(name) is not None:
+            return self._task.args[name]
+        variable = ROLE_INPUTS[name]
+        if variable in task_vars:
+            return self._templar.template(task_vars[variable])
+        return documented_default(variable)
 
     def _call(self, module_args: dict, task_vars: dict) -> dict:
         return self._execute_module(module_name=MODULE, module_args=module_args, task_vars=task_vars)

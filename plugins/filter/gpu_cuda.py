@@ -1,7 +1,7 @@
 """Filters for the CUDA toolkits of roles/cuda_toolkit: what its one look reads, what each toolkit needs,
 the --check plan and why the role stops.
 
-``gpu_cuda_look_paths``: the toolkits and the default symlink -> the paths of the one ``gpu_host_state`` look.
+``gpu_cuda_look_paths``: the toolkits and the default symlink -> the paths of the one ``gpu_host_probe`` look.
 ``gpu_cuda_toolkits``: the toolkits and that look -> the toolkits the install loop takes, the plan's lines
 and whether the default symlink can be trusted as looked at.
 ``gpu_cuda_plan``: the plan's lines of a run of main, joined into ``cuda_toolkit_plan``.
@@ -84,7 +84,7 @@ def _nvcc_version(text: Any) -> str:
 
 
 def toolkit_installed(toolkit: dict, look: dict, done: str) -> bool:
-    """Whether ``toolkit`` is installed in full as ``look`` (gpu_host_state's result) found it."""
+    """Whether ``toolkit`` is installed in full as ``look`` (gpu_host_probe's result) found it."""
     reads, stats = look.get("read") or {}, look.get("stat") or {}
     version_json, record = (reads.get(path) for path in _paths(READ_PATHS, toolkit, done))
     nvcc = toolkit["nvcc_version"]
@@ -146,7 +146,7 @@ def gpu_cuda_plan(plan: dict | None, parts: dict) -> dict[str, dict]:
 
 
 def gpu_cuda_check_problems(link: str, link_stat: dict | None, timeout: Any) -> list[str]:
-    """The check's stops: the default symlink ``link`` (``link_stat``: gpu_host_state's stat of it) would
+    """The check's stops: the default symlink ``link`` (``link_stat``: gpu_host_probe's stat of it) would
     replace a real folder or file, or is relative; the installer's time limit is not >= 60 seconds."""
     problems = []
     found = link_stat or {}

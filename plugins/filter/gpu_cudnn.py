@@ -1,7 +1,7 @@
 """Filters for cuDNN in the toolkit trees of roles/cudnn: what its one look reads, what each tree needs
 and why an archive is refused.
 
-``gpu_cudnn_look``: the stacks -> the paths of one ``gpu_host_state`` look at every toolkit tree.
+``gpu_cudnn_look``: the stacks -> the paths of one ``gpu_host_probe`` look at every toolkit tree.
 ``gpu_cudnn_trees``: the stacks and that look -> the trees the install loop takes and ``cudnn_plan``'s lines.
 ``gpu_cudnn_layout_problem``: what an archive unpacked to -> the stop's text (cause, then fix).
 
@@ -60,7 +60,7 @@ def _trees(stacks: list[dict]) -> list[dict]:
 
 
 def gpu_cudnn_look(stacks: list[dict]) -> dict[str, list[str]]:
-    """``stat``, ``read`` and ``glob`` of one gpu_host_state look at every tree of ``stacks``."""
+    """``stat``, ``read`` and ``glob`` of one gpu_host_probe look at every tree of ``stacks``."""
     look: dict[str, list[str]] = {"stat": [], "read": [], "glob": []}
     for stack in _trees(stacks):
         paths = tree_paths(stack)

@@ -504,7 +504,7 @@ def _found_version(recorded: str | None, libcuda_link: dict | None) -> str | Non
 
 
 def gpu_driver_found(look: dict[str, Any], inputs: dict[str, Any]) -> dict[str, Any]:
-    """What the driver probe (one ``gpu_host_state`` result) says against the pins, in one place.
+    """What the driver probe (one ``gpu_host_probe`` result) says against the pins, in one place.
 
     ``inputs``: ``decided`` (the ``gpu_driver_method`` result), ``version`` (the pinned driver), ``libdir``,
     ``done_file`` (the completion record), ``proc_version`` (``/proc/driver/nvidia/version``), ``manage_kernel``,

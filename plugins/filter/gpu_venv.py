@@ -1,7 +1,7 @@
 """Filters for the TensorFlow venvs of roles/tf_venv: what a run does to a venv and why it stops.
 
 ``gpu_venv_plan_text``: a stack and what the venvs' look found -> the line of the ``--check`` plan.
-``gpu_venv_look_commands``: the stacks -> the ``run`` commands of the venvs' one ``gpu_host_state`` look.
+``gpu_venv_look_commands``: the stacks -> the ``run`` commands of the venvs' one ``gpu_host_probe`` look.
 ``gpu_venv_pip_files``: a stack's venv -> the ``gpu_fleet.tf_hosts.gpu_files`` items written before pip.
 ``gpu_venv_pip_problem``, ``gpu_venv_wheel_problem``, ``gpu_venv_index_problem``: a registered result
 -> the stop's text (cause, then fix) from the catalog ``MESSAGES``.

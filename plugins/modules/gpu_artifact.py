@@ -106,7 +106,7 @@ notes:
     finds the same cache as a full run.
 seealso:
   - module: ansible.builtin.copy
-  - module: gpu_fleet.tf_hosts.gpu_host_state
+  - module: gpu_fleet.tf_hosts.gpu_host_probe
 """
 
 EXAMPLES = r"""

@@ -20,7 +20,7 @@ description:
     itself.
   - A C(copy) or C(template) task costs two round trips to the host even when nothing changes. This action
     hashes each file's content on the controller and looks at every file on the host in one run of
-    M(gpu_fleet.tf_hosts.gpu_host_state); a host where every file is current costs that one round trip.
+    M(gpu_fleet.tf_hosts.gpu_host_probe); a host where every file is current costs that one round trip.
   - A O(files[].link) item makes a symbolic link instead, like C(ansible.builtin.file) with C(state=link) and
     C(force=true), when the path is not a link with that target as written. A file or link there is replaced
     in one rename, a folder is not.
@@ -87,7 +87,7 @@ attributes:
     platforms: posix
 seealso:
   - module: ansible.builtin.copy
-  - module: gpu_fleet.tf_hosts.gpu_host_state
+  - module: gpu_fleet.tf_hosts.gpu_host_probe
 """
 
 EXAMPLES = r"""

@@ -21,9 +21,11 @@ author:
   - gpu-fleet maintainers (!UNKNOWN)
 options:
   path:
-    description: The lock file on the host. Its folder is made (root's C(0755)) where missing.
+    description:
+      - The lock file on the host. Its folder is made (root's C(0755)) where missing.
+      - Left out, the action takes gpu_preflight's input C(gpu_preflight_run_lock_path) (its value for the host,
+        else its documented default), so a playbook takes the run lock that gpu_preflight documents.
     type: path
-    required: true
   state:
     description: V(present) takes the lock (and waits for a live holder); V(absent) gives it back.
     type: str
@@ -32,20 +34,22 @@ options:
   wait:
     description:
       - How long, in seconds, a run waits for a live holder before it stops. V(0) stops at once.
+      - Left out, C(gpu_preflight_run_lock_wait) (300 unless set).
       - Action plugin only.
     type: int
-    default: 300
   max_age:
     description:
-      - Seconds after which any holder is stale, whatever its controller (a holder on another controller
-        cannot be looked at otherwise). Each install step of the roles stops after its own time limit.
+      - Seconds (at least 1) after which any holder is stale, whatever its controller (a holder on another
+        controller cannot be looked at otherwise). Each install step of the roles stops after its own time limit.
+      - Left out, C(gpu_preflight_run_lock_max_age) (43200 unless set).
       - Action plugin only.
     type: int
-    default: 43200
   token:
     description:
       - With O(state=absent), the token of the holding run (the C(token) in RV(owner) when it took the
         lock); the file is removed only while it holds that token. Without it nothing is given back.
+      - Left out, the token in C(gpu_preflight_run_lock), the take's registered result (register it under
+        that name, as C(playbooks/tasks/checks.yml) does).
     type: str
   record:
     description: Set by the action plugin - the record of this run that O(state=present) writes.
@@ -78,17 +82,19 @@ notes:
 """
 
 EXAMPLES = r"""
-- name: Take the run lock before any change
+- name: Take the run lock before any change (gpu_preflight's lock file, wait and max age)
   gpu_fleet.tf_hosts.gpu_run_lock:
-    path: /run/gpu-fleet/run.lock
-    wait: 300
-  register: lock
+    state: present
+  register: gpu_preflight_run_lock
 
 - name: Give it back at the end
   gpu_fleet.tf_hosts.gpu_run_lock:
-    path: /run/gpu-fleet/run.lock
     state: absent
-    token: "{{ lock.owner.token }}"
+
+- name: Another lock file, waiting at most a minute
+  gpu_fleet.tf_hosts.gpu_run_lock:
+    path: /run/my-maintenance.lock
+    wait: 60
 """
 
 RETURN = r"""
@@ -170,10 +176,10 @@ def locked(path: str, record: dict | None, replace: str | None, state: str, toke
 def main() -> None:
     module = AnsibleModule(
         argument_spec={
-            "path": {"type": "path", "required": True},
+            "path": {"type": "path"},  # the action plugin fills it in
             "state": {"type": "str", "choices": ["present", "absent"], "default": "present"},
-            "wait": {"type": "int", "default": 300},
-            "max_age": {"type": "int", "default": 43200},
+            "wait": {"type": "int"},
+            "max_age": {"type": "int"},
             "record": {"type": "dict"},
             "replace": {"type": "str"},
             "token": {"type": "str", "no_log": False},
@@ -182,6 +188,8 @@ def main() -> None:
         supports_check_mode=True,
     )
     path, state = module.params["path"], module.params["state"]
+    if not path:
+        module.fail_json(msg="gpu_run_lock: the module needs path; its action plugin fills it in when left out")
     with open(BOOT_ID, encoding="ascii") as handle:
         boot_id = handle.read().strip()
     if module.check_mode:

@@ -47,10 +47,10 @@ def test_ansible_doc_renders_nvidia_gpu_facts():
         assert text in out.stdout, text
 
 
-def test_ansible_doc_renders_gpu_host_state():
-    out = ansible_doc("-t", "module", f"{COLLECTION}.gpu_host_state")
+def test_ansible_doc_renders_gpu_host_probe():
+    out = ansible_doc("-t", "module", f"{COLLECTION}.gpu_host_probe")
     assert out.returncode == 0, out.stderr
-    for text in ("gpu_host_state", "target_exists", "max_bytes", "RETURN VALUES"):
+    for text in ("gpu_host_probe", "target_exists", "max_bytes", "RETURN VALUES"):
         assert text in out.stdout, text
 
 

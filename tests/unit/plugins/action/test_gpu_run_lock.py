@@ -230,3 +230,33 @@ def test_a_negative_max_age_stops_the_take_before_the_host_is_touched(tmp_path):
     run = localhost_playbook(playbook)
     assert run.returncode != 0 and "gpu_preflight_run_lock_max_age is -1" in run.stdout
     assert not lock.parent.exists()
+
+
+def test_options_left_out_are_gpu_preflights_inputs_and_the_give_back_reads_the_published_lock(tmp_path):
+    """A playbook takes and gives back gpu_preflight's run lock with the action alone: the path from
+    gpu_preflight_run_lock_path, wait and max age from their documented defaults, the token from the
+    take's result registered as gpu_preflight_run_lock."""
+    lock = tmp_path / "lock" / "run.lock"
+    playbook = tmp_path / "bare.yml"
+    playbook.write_text(
+        "- hosts: localhost\n  gather_facts: false\n"
+        f"  vars: {{gpu_preflight_run_lock_path: {lock}}}\n  tasks:\n"
+        "    - name: Take\n      gpu_fleet.tf_hosts.gpu_run_lock:\n      register: gpu_preflight_run_lock\n"
+        "    - name: Show the published token\n"
+        '      ansible.builtin.debug: {msg: "FACT={{ gpu_preflight_run_lock.owner.token }}"}\n'
+        "    - name: Show the lock\n      ansible.builtin.command: cat " + str(lock) + "\n      register: held\n"
+        "    - name: Give back\n      gpu_fleet.tf_hosts.gpu_run_lock: {state: absent}\n"
+        '    - name: Show what was held\n      ansible.builtin.debug: {msg: "HELD={{ (held.stdout | from_json).token }}"}\n'
+    )
+    run = localhost_playbook(playbook)
+    assert run.returncode == 0, run.stdout + run.stderr
+    token = run.stdout.split("FACT=", 1)[1].split('"', 1)[0].split("\n", 1)[0]
+    assert token and f"HELD={token}" in run.stdout
+    assert not lock.exists()
+
+
+def test_the_lock_entry_points_options_have_documented_defaults():
+    from ansible_collections.gpu_fleet.tf_hosts.plugins.lookup.collection_path import documented_default
+
+    assert documented_default("gpu_preflight_run_lock_max_age") == 43200
+    assert documented_default("gpu_preflight_run_lock_wait") == 300

@@ -731,7 +731,7 @@ RUNFILE = {"method": "runfile", "switch_from": None, "current": "runfile", "reco
 
 
 def look(record: str | None = "520.61.05\nrunfile\n", pinned_lib: bool = True, link: str = "", proc=None) -> dict:
-    """A gpu_host_state result as tasks/check.yml registers it."""
+    """A gpu_host_probe result as tasks/check.yml registers it."""
     read = {DONE: record}
     if proc is not None:
         read[PROC] = proc

@@ -304,9 +304,12 @@ def _load(name: str) -> list[dict[str, Any]]:
 
 
 def _role_step(task: dict[str, Any]) -> tuple[str, str] | None:
+    """(role, entry point) of a task that runs one; the run lock's action as (gpu_run_lock, state)."""
     for key in ("ansible.builtin.include_role", "ansible.builtin.import_role"):
         if key in task:
             return task[key]["name"].split(".")[-1], task[key].get("tasks_from", "main")
+    if "gpu_fleet.tf_hosts.gpu_run_lock" in task:
+        return "gpu_run_lock", task["gpu_fleet.tf_hosts.gpu_run_lock"]["state"]
     return None
 
 
@@ -353,7 +356,7 @@ def rollout_tasks() -> list[dict[str, Any]]:
     return _expand(block["block"])
 
 
-UNLOCK = ("gpu_preflight", "unlock")
+UNLOCK = ("gpu_run_lock", "absent")
 
 
 def test_reprovision_runs_site_yml_roles_and_entry_points_in_order():

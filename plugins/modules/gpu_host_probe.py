@@ -1,14 +1,14 @@
 #!/usr/bin/python
 # Copyright: gpu-fleet maintainers
 # Apache License 2.0 (see galaxy.yml)
-"""Ansible module gpu_host_state: the state of many paths on the host in one round trip."""
+"""Ansible module gpu_host_probe: the state of many paths on the host in one round trip."""
 
 from __future__ import annotations
 
 DOCUMENTATION = r"""
 ---
-module: gpu_host_state
-short_description: Read the state of many paths on the host in one round trip
+module: gpu_host_probe
+short_description: Probe many paths and commands on the host in one round trip, read-only
 description:
   - Looks at every path of O(stat), reads every file of O(read), hashes every file of O(checksum) and
     lists what each pattern of O(glob) matches, in one module run. A role's probe of a converged host is
@@ -84,7 +84,7 @@ seealso:
 
 EXAMPLES = r"""
 - name: Look at the driver's files in one round trip
-  gpu_fleet.tf_hosts.gpu_host_state:
+  gpu_fleet.tf_hosts.gpu_host_probe:
     stat:
       - /usr/lib/x86_64-linux-gnu/libcuda.so.1
       - /usr/bin/nvidia-uninstall
@@ -254,10 +254,10 @@ def main() -> None:
     params = module.params
     relative = [p for key in ("stat", "read", "checksum", "glob") for p in params[key] if not os.path.isabs(p)]
     if relative:
-        module.fail_json(msg=f"gpu_host_state takes absolute paths only; got {', '.join(relative)}.")
+        module.fail_json(msg=f"gpu_host_probe takes absolute paths only; got {', '.join(relative)}.")
     bad = sorted(name for name, argv in params["run"].items() if not isinstance(argv, list) or not argv)
     if bad:
-        module.fail_json(msg=f"gpu_host_state: each command of run is a non-empty argv list; not {', '.join(bad)}.")
+        module.fail_json(msg=f"gpu_host_probe: each command of run is a non-empty argv list; not {', '.join(bad)}.")
     module.exit_json(changed=False, **host_state(module))
 
 

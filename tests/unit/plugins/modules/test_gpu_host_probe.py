@@ -1,4 +1,4 @@
-"""gpu_host_state: what it says of real files, links and folders in a temporary tree, and the module's
+"""gpu_host_probe: what it says of real files, links and folders in a temporary tree, and the module's
 argument handling through AnsibleModule."""
 
 from __future__ import annotations
@@ -11,15 +11,15 @@ import pwd
 import pytest
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.testing import patch_module_args
-from ansible_collections.gpu_fleet.tf_hosts.plugins.modules import gpu_host_state
+from ansible_collections.gpu_fleet.tf_hosts.plugins.modules import gpu_host_probe
 
 
 def state(**params):
-    """gpu_host_state's result for these parameters, the others empty (through AnsibleModule, whose
+    """gpu_host_probe's result for these parameters, the others empty (through AnsibleModule, whose
     run_command runs the commands)."""
     with patch_module_args({"max_bytes": 1024} | params):
-        module = AnsibleModule(argument_spec=gpu_host_state.ARGUMENT_SPEC, supports_check_mode=True)
-    return gpu_host_state.host_state(module)
+        module = AnsibleModule(argument_spec=gpu_host_probe.ARGUMENT_SPEC, supports_check_mode=True)
+    return gpu_host_probe.host_state(module)
 
 
 @pytest.fixture
@@ -87,7 +87,7 @@ def test_glob_lists_matches_sorted_with_dangling_links(tree):
 
 def run_module(capsys, **args):
     with patch_module_args(args), pytest.raises(SystemExit) as done:
-        gpu_host_state.main()
+        gpu_host_probe.main()
     return done.value.code, json.loads(capsys.readouterr().out)
 
 
@@ -110,3 +110,18 @@ def test_run_gives_each_commands_exit_code_and_output_and_127_for_a_missing_prog
 def test_the_module_refuses_a_command_that_is_not_an_argv_list(capsys):
     code, result = run_module(capsys, run={"findmnt": "findmnt --json", "empty": []})
     assert code == 1 and "non-empty argv list; not empty, findmnt" in result["msg"]
+
+
+def test_the_old_name_still_runs_the_module_with_a_deprecation_warning(tmp_path):
+    from helpers import localhost_playbook
+
+    playbook = tmp_path / "old.yml"
+    playbook.write_text(
+        "- hosts: localhost\n  gather_facts: false\n  tasks:\n"
+        "    - name: Old name\n      gpu_fleet.tf_hosts.gpu_host_state: {stat: [/]}\n      register: looked\n"
+        '    - name: Show\n      ansible.builtin.debug: {msg: "ISDIR={{ looked.stat[\'/\'].isdir }}"}\n'
+    )
+    run = localhost_playbook(playbook)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "ISDIR=True" in run.stdout
+    assert "gpu_host_state is renamed gpu_host_probe" in run.stdout + run.stderr
