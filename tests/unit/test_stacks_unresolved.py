@@ -19,7 +19,7 @@ ENTRY_POINTS = [
     ("cuda_toolkit", "check", STOP),
     ("cudnn", "main", "Look at the files of cuDNN in every toolkit tree"),
     ("gpu_artifacts", "main", STOP),
-    ("gpu_env", "main", STOP),
+    ("gpu_env", "main", "Put the toolkit on the system library path, on PATH for login shells and on sudo"),
     ("gpu_verify", "main", STOP),
     ("nvidia_driver", "main", "Decide the install method and whether the pinned driver is installed"),
     ("tf_venv", "check", STOP),

@@ -119,7 +119,7 @@ def test_the_old_name_still_runs_the_module_with_a_deprecation_warning(tmp_path)
     playbook.write_text(
         "- hosts: localhost\n  gather_facts: false\n  tasks:\n"
         "    - name: Old name\n      gpu_fleet.tf_hosts.gpu_host_state: {stat: [/]}\n      register: looked\n"
-        '    - name: Show\n      ansible.builtin.debug: {msg: "ISDIR={{ looked.stat[\'/\'].isdir }}"}\n'
+        "    - name: Show\n      ansible.builtin.debug: {msg: \"ISDIR={{ looked.stat['/'].isdir }}\"}\n"
     )
     run = localhost_playbook(playbook)
     assert run.returncode == 0, run.stdout + run.stderr
