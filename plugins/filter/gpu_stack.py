@@ -153,7 +153,7 @@ MESSAGES: dict[str, Message] = {
     "tensorflow_unknown": Message(
         "tensorflow",
         "TensorFlow {pin} is not in the version matrix.",
-        "Pin one of TensorFlow {known}, or add a row with its sources to data/version_matrix.yml.",
+        "Pin one of TensorFlow {known}{quoted}, or add a row with its sources to data/version_matrix.yml.",
     ),
     "tensorflow_known_bad": Message("tensorflow", "TensorFlow {version}: {note}", ""),
     "python_unreadable": Message(
@@ -364,6 +364,20 @@ NOT_TEXT_KINDS = {bool: "a yes/no value", int: "a number", float: "a number"}
 # Stacks that share a CUDA X.Y share its toolkit tree and the cuDNN copied into it: the stack record
 # key compared, and the message when two stacks want different releases there.
 SHARED_TREE = (("cuda_toolkit", "shared_cuda"), ("cudnn", "shared_cudnn"))
+
+
+def _unknown_tensorflow(stack: str, tf_pin: str, matrix: dict) -> Problem:
+    """A TensorFlow series the matrix lacks; where it is a known series less its trailing 0 (YAML reads an unquoted
+    2.10 as the number 2.1), the fix says to quote it."""
+    padded = f"{tf_pin}0"
+    quoted = (
+        f' in quotes (tensorflow: "{padded}"; unquoted, YAML reads {padded} as {tf_pin})'
+        if padded in matrix["tensorflow"]
+        else ""
+    )
+    return _problem(
+        stack, "tensorflow_unknown", pin=tf_pin, known=_range_text(list(matrix["tensorflow"])), quoted=quoted
+    )
 
 
 def _problem(stack: str, message: str, /, *, check: str = "", **fields: Any) -> Problem:
@@ -765,9 +779,12 @@ def resolve_stack(pin: dict, matrix: dict, manifest: dict, host: dict) -> dict:
     tf_pin = str(pin["tensorflow"])
     tf_row = matrix["tensorflow"].get(_series(tf_pin)) if _well_formed("tensorflow", tf_pin) else None
     if tf_row is None:
-        known = _range_text(list(matrix["tensorflow"]))
-        message = "tensorflow_unknown" if _well_formed("tensorflow", tf_pin) else "tensorflow_pin_invalid"
-        problems = [_problem(name, message, pin=tf_pin, known=known)]
+        if _well_formed("tensorflow", tf_pin):
+            problems = [_unknown_tensorflow(name, tf_pin, matrix)]
+        else:
+            problems = [
+                _problem(name, "tensorflow_pin_invalid", pin=tf_pin, known=_range_text(list(matrix["tensorflow"])))
+            ]
         return {"ok": False, "stack": None, "problems": problems, "warnings": []}
     tf = _tensorflow_record(pin, tf_row)
     python = {"path": pin.get("python") or host["default_python"], "version": str(host.get("python_version", ""))}
@@ -913,7 +930,7 @@ def _absent_paths(pin: dict, matrix: dict) -> tuple[str, str, list[Problem]]:
     tf_row = matrix["tensorflow"].get(_series(tf_pin)) or {}
     cuda_pin = str(pin.get("cuda") or tf_row.get("cuda") or "")
     if not cuda_pin:
-        return "", "", [_problem(name, "tensorflow_unknown", pin=tf_pin, known=_range_text(list(matrix["tensorflow"])))]
+        return "", "", [_unknown_tensorflow(name, tf_pin, matrix)]
     if not _well_formed("cuda", cuda_pin):
         built = tf_row.get("cuda", "X.Y")
         return "", "", [_problem(name, "cuda_pin_invalid", pin=cuda_pin, series=_series(tf_pin), built=built)]

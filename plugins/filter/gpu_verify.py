@@ -84,9 +84,10 @@ OPTION_RULES: list[tuple[str, str, Callable[[Any], bool]]] = [
 
 def gpu_verify_option_problems(options: dict[str, Any]) -> list[str]:
     """``{{ {'gpu_verify_timeout': gpu_verify_timeout, ...} | gpu_fleet.tf_hosts.gpu_verify_option_problems }}``:
-    one message per option that breaks its rule, naming its value and the fix; ``[]`` when none does."""
+    one message per option that breaks its rule, naming its value and the fix; ``[]`` when none does. An option
+    that is none (left out of the inventory, or null there) is named as not set."""
     return [
-        OPTION.text(name=name, value=options.get(name), rule=rule)
+        OPTION.text(name=name, value="not set" if options.get(name) is None else options.get(name), rule=rule)
         for name, rule, keeps in OPTION_RULES
         if not keeps(options.get(name))
     ]

@@ -50,7 +50,9 @@ _raw:
   elements: raw
 """
 
-import os  # noqa: E402  (imports follow the documentation blocks, as ansible-test validate-modules requires)
+import copy  # noqa: E402  (imports follow the documentation blocks, as ansible-test validate-modules requires)
+import functools  # noqa: E402
+import os  # noqa: E402
 
 from ansible.errors import AnsibleLookupError  # noqa: E402
 from ansible.module_utils.common.yaml import yaml_load  # noqa: E402
@@ -77,14 +79,23 @@ def role_of(variable: str, root: str = COLLECTION_ROOT) -> str:
     return owner
 
 
+@functools.lru_cache(maxsize=32)
+def _main_options(path: str, mtime_ns: int) -> dict:
+    """The options of entry point main in one ``argument_specs.yml``, parsed once per version of the file:
+    a task templates a variable each time it is read, so one task may ask many times."""
+    del mtime_ns  # part of the cache key only
+    with open(path, encoding="utf-8") as handle:
+        return yaml_load(handle)["argument_specs"]["main"]["options"]
+
+
 def documented_default(variable: str, root: str = COLLECTION_ROOT) -> object:
     """Default of ``variable`` in its role's ``meta/argument_specs.yml`` (entry point main)."""
     role = role_of(variable, root)
-    with open(os.path.join(root, "roles", role, "meta", "argument_specs.yml"), encoding="utf-8") as handle:
-        options = yaml_load(handle)["argument_specs"]["main"]["options"]
+    path = os.path.join(root, "roles", role, "meta", "argument_specs.yml")
+    options = _main_options(path, os.stat(path).st_mtime_ns)
     if variable not in options or "default" not in options[variable]:
         raise AnsibleLookupError(f"role {role} documents no default for {variable}")
-    return options[variable]["default"]
+    return copy.deepcopy(options[variable]["default"])
 
 
 class LookupModule(LookupBase):

@@ -192,6 +192,11 @@ CASES = [
         ("gpu_verify_expected_gpu_count is -2", "a whole number of GPUs of at least 1"),
     ),
     Case(
+        "expected_gpus_not_set",
+        {"gpu_verify_expected_gpu_count": None},
+        ("gpu_verify_expected_gpu_count is not set", "a whole number of GPUs of at least 1", "Fix it in the inventory"),
+    ),
+    Case(
         "more_gpus_expected_than_seen",
         {"gpu_verify_expected_gpu_count": 4},
         ("4 GPUs expected, 2 seen", "bus IDs seen: 0000:07:00.0, 0000:0f:00.0", "correct the expected count"),

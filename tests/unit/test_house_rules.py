@@ -128,13 +128,27 @@ def test_readme_states_the_supported_os_list():
 
 
 def test_every_supported_family_has_its_per_os_data():
+    """Per-OS data is a ``*_of_os_family`` table in a role's vars/main.yml (or a vars file named after an OS family
+    or distribution): each has an entry for every supported OS."""
     families = {"Debian": "Debian", "Ubuntu": "Debian", "RedHat": "RedHat", "Rocky": "RedHat"}
-    for distribution in supported_os():
-        family = families[distribution]
-        for vars_dir in (ROOT / "roles").glob("*/vars"):
-            per_os = {p.stem for p in vars_dir.glob("*.yml")} - {"main"}
+    os_names = set(families) | set(families.values())
+    tables = 0
+    for vars_dir in sorted((ROOT / "roles").glob("*/vars")):
+        per_os = {p.stem for p in vars_dir.glob("*.yml")} & os_names
+        main = vars_dir / "main.yml"
+        by_family = {
+            key: value
+            for key, value in (yaml.safe_load(main.read_text()) if main.is_file() else {}).items()
+            if key.endswith("_of_os_family")
+        }
+        tables += len(by_family)
+        for distribution in supported_os():
+            family = families[distribution]
             if per_os:
                 assert family in per_os or distribution in per_os, f"{vars_dir} has no data for {distribution}"
+            for key, table in by_family.items():
+                assert family in table, f"{main}: {key} has no {family} entry (for {distribution})"
+    assert tables >= 4, "the per-OS tables of vars/main.yml were not found"
 
 
 def long_functions(folder: Path) -> list[str]:

@@ -259,6 +259,14 @@ def test_unknown_tensorflow():
     assert result["stacks"] == []
 
 
+def test_an_unquoted_series_read_as_a_number_is_told_to_quote_it():
+    result = resolve({"name": "x", "tensorflow": 2.10})
+    assert result["messages"] == [
+        'x: TensorFlow 2.1 is not in the version matrix. Pin one of TensorFlow 2.4-2.21 in quotes (tensorflow: "2.10"; '
+        "unquoted, YAML reads 2.10 as 2.1), or add a row with its sources to data/version_matrix.yml."
+    ]
+
+
 def test_tf_2_15_with_cudnn_8_6_is_refused():
     result = resolve(
         {"name": "tf2.15", "tensorflow": "2.15", "cudnn": "8.6"},

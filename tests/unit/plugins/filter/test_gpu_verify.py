@@ -36,6 +36,7 @@ def test_the_defaults_are_good_options():
         ("gpu_verify_scaling_threshold", "1.5", "gpu_verify_scaling_threshold is 1.5; it must be a fraction above 0"),
         ("gpu_verify_expected_gpu_count", "0", "gpu_verify_expected_gpu_count is 0; it must be a whole number of GPUs"),
         ("gpu_verify_expected_gpu_count", "-2", "gpu_verify_expected_gpu_count is -2; it must be a whole number"),
+        ("gpu_verify_expected_gpu_count", None, "gpu_verify_expected_gpu_count is not set; it must be a whole number"),
         ("gpu_verify_expected_gpu_count", "1.5", "gpu_verify_expected_gpu_count is 1.5; it must be a whole number"),
         ("gpu_verify_cpu_replicas", "-2", "gpu_verify_cpu_replicas is -2; it must be a whole number: 0 fits on"),
         ("gpu_verify_report_keep", "0", "gpu_verify_report_keep is 0; it must be a whole number of run folders"),
