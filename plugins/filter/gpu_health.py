@@ -29,7 +29,7 @@ import yaml
 from ansible.errors import AnsibleFilterError
 from ansible.module_utils.parsing.convert_bool import boolean
 from ansible_collections.gpu_fleet.tf_hosts.plugins.module_utils.gpu_metrics import Family, render
-from ansible_collections.gpu_fleet.tf_hosts.plugins.plugin_utils.message import Message
+from ansible_collections.gpu_fleet.tf_hosts.plugins.plugin_utils.message import Message, option_problems
 
 FIX_COMMAND = "Run it by hand on the host (gpu-health --record-baseline --help) and rerun playbooks/verify.yml."
 METRICS_FILE = os.path.join(os.path.dirname(__file__), "..", "..", "files", "monitoring", "verification-metrics.yml")
@@ -252,11 +252,7 @@ PATHS = {
 def gpu_health_option_problems(options: dict[str, Any]) -> list[str]:
     """``{{ {'gpu_health_timeout': gpu_health_timeout, ...} | gpu_fleet.tf_hosts.gpu_health_option_problems }}``:
     one message per option that breaks its rule (the paths must be absolute on the host); ``[]`` when none."""
-    found = [
-        MESSAGES["option"].text(name=name, value=options.get(name), rule=rule)
-        for name, rule, keeps in OPTION_RULES
-        if not keeps(options.get(name))
-    ]
+    found = option_problems(options, OPTION_RULES, MESSAGES["option"])
     found += [
         MESSAGES["path"].text(name=name, value=options.get(name), what=what)
         for name, what in PATHS.items()

@@ -28,7 +28,7 @@ from ansible_collections.gpu_fleet.tf_hosts.plugins.filter.gpu_report import (
     gpu_verify_result,
     gpu_verify_stack_name,
 )
-from ansible_collections.gpu_fleet.tf_hosts.plugins.plugin_utils.message import Message
+from ansible_collections.gpu_fleet.tf_hosts.plugins.plugin_utils.message import Message, option_problems
 
 # What the role says, by id: str.format templates.
 MESSAGES = {
@@ -86,11 +86,7 @@ def gpu_verify_option_problems(options: dict[str, Any]) -> list[str]:
     """``{{ {'gpu_verify_timeout': gpu_verify_timeout, ...} | gpu_fleet.tf_hosts.gpu_verify_option_problems }}``:
     one message per option that breaks its rule, naming its value and the fix; ``[]`` when none does. An option
     that is none (left out of the inventory, or null there) is named as not set."""
-    return [
-        OPTION.text(name=name, value="not set" if options.get(name) is None else options.get(name), rule=rule)
-        for name, rule, keeps in OPTION_RULES
-        if not keeps(options.get(name))
-    ]
+    return option_problems(options, OPTION_RULES, OPTION)
 
 
 def gpu_verify_location_args(location: dict[str, Any]) -> list[str]:

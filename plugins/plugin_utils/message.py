@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
 
@@ -16,3 +17,16 @@ class Message(NamedTuple):
 
     def text(self, **fields: Any) -> str:
         return f"{self.cause.format(**fields)} {self.fix.format(**fields)}"
+
+
+def option_problems(
+    options: dict[str, Any], rules: Iterable[tuple[str, str, Callable[[Any], bool]]], message: Message
+) -> list[str]:
+    """One ``message`` (fields ``name``, ``value``, ``rule``) per option of ``rules`` (``(name, rule, keeps)``, in the
+    order they are named) whose value in ``options`` breaks its rule; an option that is none (left out of the
+    inventory, or null there) is named as not set."""
+    return [
+        message.text(name=name, value="not set" if options.get(name) is None else options.get(name), rule=rule)
+        for name, rule, keeps in rules
+        if not keeps(options.get(name))
+    ]
