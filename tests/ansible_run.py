@@ -37,6 +37,18 @@ def run_playbook(playbook: str, inventory: str | Path, *extra: str, timeout: int
     )
 
 
+def failures(stdout: str) -> str:
+    """Each ``fatal:``/``failed:`` line of a playbook's output under its task header: what an assertion
+    on a run that failed elsewhere should show, where pytest would cut the whole output short."""
+    shown, task = [], ""
+    for line in stdout.splitlines():
+        if line.startswith("TASK ["):
+            task = line
+        elif line.startswith(("fatal: [", "failed: [")):
+            shown += [task, line]
+    return "\n".join(shown) or stdout[-2000:]
+
+
 def latest_report(report_dir: str | Path, inventory: str, name: str = "fleet-report.json") -> Path:
     """``<report_dir>/<inventory>/latest/<name>``: the report of the last completed verification
     against the inventory named ``inventory`` (gpu_verify writes one folder per run and points

@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ansible_run import failures
 from sandbox_hosts import ROOT, STANDINS, site
 
 LEGACY = "cudnn-11.8-linux-x64-v8.6.0.163.tgz"
@@ -97,7 +98,7 @@ def test_older_tgz_archive_installs_and_other_contents_stop_before_copying(fresh
         f"{LEGACY} unpacked to {CURRENT.removesuffix('.tar.xz')}, without cuda/include/cudnn_version.h or "
         f"cuda/lib64/libcudnn.so.8, where a cudnn-<CUDA X.Y>-linux-x64-v<version>.tgz archive has them. "
         f"Nothing was copied into {TREE}. Use NVIDIA's archive under its own name: "
-    ) in wrong.stdout
+    ) in wrong.stdout, failures(wrong.stdout)
     assert _exec(name, f"ls {TREE}/include/cudnn*.h {TREE}/lib64/libcudnn* 2>/dev/null") == ""
     assert _exec(name, "find /var/cache/gpu-artifacts/cudnn /var/tmp/cudnn-staging ! -type d 2>/dev/null") == ""
 
