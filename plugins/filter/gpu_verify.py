@@ -80,6 +80,8 @@ OPTION_RULES: list[tuple[str, str, Callable[[Any], bool]]] = [
         lambda v: os.path.isabs(str(v)),
     ),
 ]
+# The options the rules read, in their order (plugins/action/gpu_option_checks.py checks them in preflight).
+OPTIONS = tuple(name for name, _, _ in OPTION_RULES)
 
 
 def gpu_verify_option_problems(options: dict[str, Any]) -> list[str]:

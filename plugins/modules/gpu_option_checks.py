@@ -1,0 +1,66 @@
+#!/usr/bin/python
+# Copyright: gpu-fleet maintainers
+# Apache License 2.0 (see galaxy.yml)
+"""The documentation of the action plugin plugins/action/gpu_option_checks.py, which runs on the controller only."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: gpu_option_checks
+short_description: Check the options of the verification and the health check before the first change
+description:
+  - Checks the options of each role in O(roles) against the rules that role applies itself (the filters
+    C(gpu_verify_option_problems) and C(gpu_health_option_problems)), with the values the role would read - the
+    host's variables, else the defaults its C(meta/argument_specs.yml) documents, templated - and fails naming
+    every option that breaks its rule, with the rule and the fix, all at once.
+  - Preflight (C(playbooks/tasks/checks.yml)) runs it, so that a bad option of the run's last phase stops
+    C(site.yml) before the driver is touched. A required option left out (C(gpu_verify_expected_gpu_count)) is
+    named as not set.
+  - Runs on the controller only; changes nothing.
+version_added: "0.19.0"
+author:
+  - gpu-fleet maintainers (!UNKNOWN)
+options:
+  roles:
+    description:
+      - The roles whose options to check.
+    type: list
+    elements: str
+    choices: [gpu_verify, gpu_health]
+    required: true
+extends_documentation_fragment:
+  - action_common_attributes
+  - action_common_attributes.flow
+attributes:
+  action:
+    support: full
+  async:
+    support: none
+  bypass_host_loop:
+    support: none
+  check_mode:
+    support: full
+  diff_mode:
+    support: none
+  platform:
+    platforms: posix
+seealso:
+  - role: gpu_fleet.tf_hosts.gpu_verify
+  - role: gpu_fleet.tf_hosts.gpu_health
+"""
+
+EXAMPLES = r"""
+- name: Check the verification options and the health check's options
+  gpu_fleet.tf_hosts.gpu_option_checks:
+    roles: [gpu_verify, gpu_health]
+"""
+
+RETURN = r"""
+problems:
+  description: One message per option that breaks its rule, naming its value, the rule and the fix.
+  returned: always
+  type: list
+  elements: str
+  sample: ["gpu_verify_timeout is 0; it must be a number of seconds above 0. Fix it in the inventory or on the -e command line."]
+"""

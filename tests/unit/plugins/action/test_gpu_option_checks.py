@@ -1,0 +1,82 @@
+"""gpu_option_checks: the option rules of gpu_verify and gpu_health, checked with the values a role would
+read (the host's variables, else the documented defaults, templated), in real ansible-playbook runs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from ansible_collections.gpu_fleet.tf_hosts.plugins.action import gpu_option_checks
+from helpers import localhost_playbook
+
+ROOT = Path(__file__).resolve().parents[4]
+
+
+def _play(tmp_path: Path, variables: dict, roles: object = ("gpu_verify", "gpu_health")) -> tuple[int, str]:
+    playbook = tmp_path / "check.yml"
+    task = {"name": "Check", "gpu_fleet.tf_hosts.gpu_option_checks": {"roles": list(roles) if roles else roles}}
+    play = {"hosts": "localhost", "gather_facts": False, "vars": variables, "tasks": [task]}
+    playbook.write_text(yaml.safe_dump([play]))
+    done = localhost_playbook(playbook)
+    return done.returncode, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("role", ["gpu_verify", "gpu_health"])
+def test_the_options_checked_are_the_ones_the_role_itself_checks(role):
+    """The role's own check (vars/main.yml, __<role>_options) and preflight's read the same options."""
+    own = yaml.safe_load((ROOT / f"roles/{role}/vars/main.yml").read_text())[f"__{role}_options"]
+    assert set(gpu_option_checks.RULES[role][0]) == set(own)
+
+
+def test_documented_defaults_keep_their_rules_once_the_gpu_count_is_set(tmp_path):
+    rc, out = _play(tmp_path, {"gpu_verify_expected_gpu_count": 2})
+    assert rc == 0, out
+    assert "ok=1 " in out and "failed=0" in out
+
+
+def test_every_bad_option_of_every_role_is_named_at_once(tmp_path):
+    rc, out = _play(
+        tmp_path,
+        {"gpu_verify_timeout": 0, "gpu_health_interval": "5s", "gpu_health_state_dir": "state"},
+    )
+    assert rc != 0
+    assert "gpu_verify_expected_gpu_count is not set; it must be a whole number of GPUs of at least 1." in out
+    assert "gpu_verify_timeout is 0; it must be a number of seconds above 0." in out
+    assert "gpu_health_interval is 5s" in out and "gpu_health_state_dir is state" in out
+
+
+def test_a_default_that_follows_another_role_reads_that_roles_value(tmp_path):
+    """gpu_verify_jupyter_kernel_dir's documented default is tf_venv_jupyter_kernel_dir's value."""
+    rc, out = _play(tmp_path, {"gpu_verify_expected_gpu_count": 1, "tf_venv_jupyter_kernel_dir": "kernels"})
+    assert rc != 0
+    assert "gpu_verify_jupyter_kernel_dir is kernels; it must be an absolute folder on the host" in out
+
+
+def test_a_variable_is_templated_as_the_role_would_read_it(tmp_path):
+    rc, out = _play(tmp_path, {"gpus": 4, "gpu_verify_expected_gpu_count": "{{ gpus - 5 }}"}, roles=["gpu_verify"])
+    assert rc != 0
+    assert "gpu_verify_expected_gpu_count is -1; it must be a whole number of GPUs of at least 1." in out
+    assert "gpu_health" not in out.split("TASK [Check]", 1)[1]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ({"roles": ["gpu_verify", "tf_venv"]}, "gpu_option_checks has no option rules for the role 'tf_venv'"),
+        ({"roles": []}, "gpu_option_checks takes one option, roles: a list of some of gpu_verify, gpu_health"),
+        ({"roles": "gpu_verify"}, "gpu_option_checks takes one option, roles"),
+        ({"roles": ["gpu_verify"], "strict": True}, "gpu_option_checks takes one option, roles"),
+    ],
+)
+def test_bad_arguments_are_named(args, message):
+    assert message in " ".join(gpu_option_checks.argument_problems(args))
+
+
+def test_an_option_without_value_or_default_is_none():
+    values = gpu_option_checks.option_values(
+        ("gpu_verify_expected_gpu_count", "gpu_verify_timeout"), {}, lambda value: value
+    )
+    assert values == {"gpu_verify_expected_gpu_count": None, "gpu_verify_timeout": 600}
+    assert json.dumps(values)  # plain data, as the rules read it
