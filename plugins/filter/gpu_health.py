@@ -248,7 +248,7 @@ PATHS = {
     "gpu_health_python": "the Python 3 that runs the check, default /usr/bin/python3",
 }
 # The options the rules read, in their order (plugins/action/gpu_option_checks.py checks them in preflight).
-OPTIONS = tuple(dict.fromkeys([name for name, _, _ in OPTION_RULES] + list(PATHS)))
+OPTIONS = tuple(dict.fromkeys([rule[0] for rule in OPTION_RULES] + list(PATHS)))
 
 
 def gpu_health_option_problems(options: dict[str, Any]) -> list[str]:

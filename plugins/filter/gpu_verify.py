@@ -81,7 +81,7 @@ OPTION_RULES: list[tuple[str, str, Callable[[Any], bool]]] = [
     ),
 ]
 # The options the rules read, in their order (plugins/action/gpu_option_checks.py checks them in preflight).
-OPTIONS = tuple(name for name, _, _ in OPTION_RULES)
+OPTIONS = tuple(rule[0] for rule in OPTION_RULES)
 
 
 def gpu_verify_option_problems(options: dict[str, Any]) -> list[str]:

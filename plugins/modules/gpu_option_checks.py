@@ -45,9 +45,6 @@ attributes:
     support: none
   platform:
     platforms: posix
-seealso:
-  - role: gpu_fleet.tf_hosts.gpu_verify
-  - role: gpu_fleet.tf_hosts.gpu_health
 """
 
 EXAMPLES = r"""

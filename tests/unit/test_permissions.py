@@ -120,7 +120,8 @@ def test_every_written_file_has_an_owner_group_and_safe_mode():
 def test_the_walk_reaches_tasks_in_blocks_and_plays():
     names = {task.get("name") for path in task_files() for task, _ in file_tasks(path)}
     assert "Blacklist nouveau" in names  # inside a block
-    assert "Check the verification options and the health check's options" in names  # a playbook's task file (playbooks/tasks/checks.yml)
+    # A playbook's task file (playbooks/tasks/checks.yml):
+    assert "Check the verification options and the health check's options" in names
     assert "Check the options, the stacks, the hosts and NVIDIA's files" in names  # a play's tasks
 
 
