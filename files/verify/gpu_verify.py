@@ -356,6 +356,10 @@ def _communicate(command: list[str], timeout: float) -> tuple[int, str, str, boo
     group after ``timeout`` seconds.  Returns ``(returncode, stdout, stderr, timed_out)``."""
     env = dict(os.environ)
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    # No bytecode written: autograph compiles the fit's functions into temporary modules in the temp
+    # folder, whose .pyc Python would otherwise leave there on every run (PYTHONDONTWRITEBYTECODE,
+    # https://docs.python.org/3/using/cmdline.html#envvar-PYTHONDONTWRITEBYTECODE).
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
     proc = subprocess.Popen(
         command,
         stdout=subprocess.PIPE,

@@ -27,6 +27,9 @@ WRITTEN_BY_DESIGN = (
     "/root/.ansible_async",
 )
 LISTING = "find {folders} -xdev -printf '%p\\t%y\\t%s\\t%T@\\t%m\\t%u:%g\\t%l\\n'"
+# Bytecode Python writes beside what it imports from /tmp (TensorFlow's autograph compiles the fit's
+# functions into modules there): one more left behind by every verification would grow without end.
+BYTECODE = "find /tmp /var/tmp -xdev -name '*.pyc' 2>/dev/null"
 
 
 def listing(host: str) -> list[str]:
@@ -35,13 +38,18 @@ def listing(host: str) -> list[str]:
     return sorted(line for line in found.stdout.splitlines() if not line.split("\t")[0].startswith(WRITTEN_BY_DESIGN))
 
 
+def bytecode(host: str) -> list[str]:
+    found = subprocess.run(["podman", "exec", host, "sh", "-c", BYTECODE], capture_output=True, text=True)
+    return sorted(found.stdout.split())
+
+
 def test_verify_changes_nothing_on_a_converged_host(tmp_path):
     host = start_converged("gpu-verify-reads")
     try:
         inventory = sandbox_inventory(tmp_path / "inventory", host)
-        before = listing(host)
+        before, pyc_before = listing(host), bytecode(host)
         run = site(inventory, "-e", f"gpu_verify_report_dir={tmp_path / 'reports'}", playbook="playbooks/verify.yml")
-        after = listing(host)
+        after, pyc_after = listing(host), bytecode(host)
     finally:
         stop_container(host)
     assert run.returncode == 0, run.stdout[-3000:]
@@ -50,3 +58,4 @@ def test_verify_changes_nothing_on_a_converged_host(tmp_path):
     assert len(before) > 1000, "the listing reads the host's folders"
     changed = sorted(set(before) ^ set(after))
     assert changed == [], "verify.yml changed the host:\n" + "\n".join(changed[:40])
+    assert pyc_after == pyc_before, "verify.yml left bytecode in the temp folders: " + ", ".join(pyc_after[:10])

@@ -379,3 +379,12 @@ def test_sampler_without_nvidia_smi_reports_nothing():
     sampler = gpu_verify.UtilisationSampler("/nonexistent/nvidia-smi")
     sampler.start()
     assert sampler.stop() is None
+
+
+def test_the_fit_writes_no_bytecode_and_keeps_the_callers_tensorflow_log_level(monkeypatch) -> None:
+    """Autograph's temporary modules would each leave a .pyc in the host's temp folder."""
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "1")
+    monkeypatch.delenv("PYTHONDONTWRITEBYTECODE", raising=False)
+    probe = "import os, sys; print(os.environ['TF_CPP_MIN_LOG_LEVEL'], sys.dont_write_bytecode)"
+    returncode, stdout, _, timed_out = gpu_verify._communicate([sys.executable, "-c", probe], 30)
+    assert (returncode, stdout.split(), timed_out) == (0, ["1", "True"], False)
