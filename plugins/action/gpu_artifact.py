@@ -20,8 +20,8 @@ from typing import Any
 from ansible.errors import AnsibleActionFail, AnsibleLookupError
 from ansible.module_utils.parsing.convert_bool import boolean
 from ansible_collections.gpu_fleet.tf_hosts.plugins.lookup.artifact_sha256 import checksums
-from ansible_collections.gpu_fleet.tf_hosts.plugins.lookup.collection_path import documented_default
 from ansible_collections.gpu_fleet.tf_hosts.plugins.plugin_utils.action_runner import ActionRunner
+from ansible_collections.gpu_fleet.tf_hosts.plugins.plugin_utils.role_input import role_input
 
 STATE_MODULE = "gpu_fleet.tf_hosts.gpu_host_probe"
 OPTIONS = {"artifact", "subdir", "state", "controller_dir", "host_cache_dir", "keep_cache", "cache_files", "pushed"}
@@ -153,10 +153,8 @@ class ActionModule(ActionRunner):
         if self._task.args.get(name) is not None:
             return self._task.args[name]
         variable = ROLE_INPUTS[name]
-        if variable in task_vars:
-            return self._templar.template(task_vars[variable])
         try:
-            return documented_default(variable)
+            return role_input(variable, task_vars, self._templar.template)
         except AnsibleLookupError as error:
             raise AnsibleActionFail(
                 f"gpu_artifact: {variable} is not set for this host, so the controller's copy cannot be found. Set "

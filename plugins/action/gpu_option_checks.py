@@ -17,15 +17,7 @@ from typing import Any
 from ansible.errors import AnsibleLookupError
 from ansible.plugins.action import ActionBase
 from ansible_collections.gpu_fleet.tf_hosts.plugins.filter import gpu_health, gpu_verify
-from ansible_collections.gpu_fleet.tf_hosts.plugins.lookup.collection_path import documented_default
-
-try:  # ansible-core 2.19 and later template only what is marked as coming from a trusted template
-    from ansible.template import trust_as_template
-except ImportError:  # earlier releases template any string
-
-    def trust_as_template(value: Any) -> Any:
-        return value
-
+from ansible_collections.gpu_fleet.tf_hosts.plugins.plugin_utils.role_input import role_input
 
 # Each role's checked options and its rule filter.
 RULES: dict[str, tuple[tuple[str, ...], Callable[[dict[str, Any]], list[str]]]] = {
@@ -51,12 +43,8 @@ def option_values(names: tuple[str, ...], variables: dict[str, Any], template: C
     (which may refer to another role's input), templated; none where neither is there (not set)."""
     values = {}
     for name in names:
-        if name in variables:
-            values[name] = template(variables[name])
-            continue
         try:
-            default = documented_default(name)
-            values[name] = template(trust_as_template(default) if isinstance(default, str) else default)
+            values[name] = role_input(name, variables, template)
         except AnsibleLookupError:
             values[name] = None
     return values

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ansible.plugins.action import ActionBase
-from ansible_collections.gpu_fleet.tf_hosts.plugins.lookup.collection_path import documented_default
+from ansible_collections.gpu_fleet.tf_hosts.plugins.plugin_utils.role_input import role_input
 
 MODULE = "gpu_fleet.tf_hosts.gpu_run_lock"
 # What a take is registered as (playbooks/tasks/checks.yml), which a give-back without a token reads; and
@@ -210,10 +210,7 @@ class ActionModule(ActionBase):
         """The task's option, else gpu_preflight's input it stands for: the host's value, else its default."""
         if self._task.args.get(name) is not None:
             return self._task.args[name]
-        variable = ROLE_INPUTS[name]
-        if variable in task_vars:
-            return self._templar.template(task_vars[variable])
-        return documented_default(variable)
+        return role_input(ROLE_INPUTS[name], task_vars, self._templar.template)
 
     def _call(self, module_args: dict, task_vars: dict) -> dict:
         return self._execute_module(module_name=MODULE, module_args=module_args, task_vars=task_vars)

@@ -237,7 +237,10 @@ def test_absent_removes_only_what_can_be_there(args, calls):
 
 def test_left_out_settings_are_gpu_artifacts_inputs_then_their_documented_defaults():
     host = Host()
-    host._templar = SimpleNamespace(template=lambda value: value.replace("{{ base }}", "/srv"))
+    # As Ansible's templar: strings templated, other values as they are.
+    host._templar = SimpleNamespace(
+        template=lambda value: value.replace("{{ base }}", "/srv") if isinstance(value, str) else value
+    )
     assert host._setting("host_cache_dir", {}) == "/var/cache/gpu-artifacts"
     assert host._setting("keep_cache", {}) is False
     assert host._setting("host_cache_dir", {"gpu_artifacts_host_cache_dir": "{{ base }}/cache"}) == "/srv/cache"
