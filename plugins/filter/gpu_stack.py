@@ -1114,11 +1114,12 @@ def resolve_stacks(pins: list[dict], matrix: dict, manifest: dict, host: dict, d
 def stacks_unresolved(role: str) -> str:
     """Why ``role`` stops when no earlier task of the run published the resolved stacks, and the fix."""
     return (
-        f"{role} reads the pinned stacks that gpu_preflight resolves (gpu_preflight_resolved_stacks), and no "
-        "earlier task of this run published them. Run gpu_fleet.tf_hosts.gpu_preflight before it: list it first "
-        "in the play's roles, or, for the stacks alone, put in pre_tasks an include_role of it with tasks_from: "
-        "stacks (the collection's playbooks do, in playbooks/tasks/stacks.yml). With --tags, tag that role or task "
-        "`always`; an include_role also needs apply: {tags: [always]}."
+        f"{role} reads the pinned stacks (gpu_preflight_resolved_stacks, the stack model), and no earlier task "
+        "of this run published them. Resolve them first, in the play's pre_tasks, as the collection's playbooks "
+        "do: an include_tasks of the collection's playbooks/tasks/stacks.yml (the action gpu_fleet.tf_hosts.gpu_stacks "
+        "and the task that publishes its model), with file: \"{{ lookup('gpu_fleet.tf_hosts.collection_path', "
+        "'playbooks/tasks/stacks.yml') }}\" from an installed collection. With --tags, tag that task `always`, "
+        "with apply: {tags: [always]}."
     )
 
 

@@ -88,6 +88,12 @@ def _main_options(path: str, mtime_ns: int) -> dict:
         return yaml_load(handle)["argument_specs"]["main"]["options"]
 
 
+def documented_options(role: str, root: str = COLLECTION_ROOT) -> dict:
+    """The options of ``role``'s entry point main in its ``meta/argument_specs.yml`` (a copy)."""
+    path = os.path.join(root, "roles", role, "meta", "argument_specs.yml")
+    return copy.deepcopy(_main_options(path, os.stat(path).st_mtime_ns))
+
+
 def documented_default(variable: str, root: str = COLLECTION_ROOT) -> object:
     """Default of ``variable`` in its role's ``meta/argument_specs.yml`` (entry point main)."""
     role = role_of(variable, root)

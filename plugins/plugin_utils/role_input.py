@@ -18,6 +18,17 @@ except ImportError:  # earlier releases template any string
         return value
 
 
+def trusted(value: Any) -> Any:
+    """``value`` with every string in it marked as a trusted template, as the role's own file would be."""
+    if isinstance(value, str):
+        return trust_as_template(value)
+    if isinstance(value, list):
+        return [trusted(item) for item in value]
+    if isinstance(value, dict):
+        return {key: trusted(item) for key, item in value.items()}
+    return value
+
+
 def role_input(variable: str, variables: dict[str, Any], template: Callable[[Any], Any]) -> Any:
     """``variable`` as the host has it, else the default its role documents (which may refer to another
     role's input), templated with ``template`` (the task's templar). Raises AnsibleLookupError where the
@@ -25,4 +36,4 @@ def role_input(variable: str, variables: dict[str, Any], template: Callable[[Any
     if variable in variables:
         return template(variables[variable])
     default = documented_default(variable)
-    return template(trust_as_template(default) if isinstance(default, str) else default)
+    return template(trusted(default))

@@ -70,7 +70,10 @@ OWN = {
     "verify": {"gpu_verify", "gpu_health"},
 }
 # Tasks of gpu_preflight's full host check: they run only under its own tags.
-HOST_CHECK_TASKS = ("Gather GPU facts", "Stop this host before any change, with every problem found")
+HOST_CHECK_TASKS = (
+    "Look at the mounts, installers, GPU processes and what is installed",
+    "Stop this host before any change, with every problem found",
+)
 
 
 def _ansible(tool: str) -> list[str]:

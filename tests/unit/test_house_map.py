@@ -21,9 +21,9 @@ house_map = importlib.util.module_from_spec(SPEC)
 sys.modules["house_map"] = house_map  # dataclasses look their module up by name
 SPEC.loader.exec_module(house_map)
 
-CROSS_ROLE_TASKS_FROM_CEILING = 1
+CROSS_ROLE_TASKS_FROM_CEILING = 0
 CROSS_ROLE_TASKS_FROM_TARGET = 6
-ENTRY_POINTS_CEILING = 24
+ENTRY_POINTS_CEILING = 21
 ENTRY_POINTS_TARGET = 12
 INCLUDE_DEPTH_CEILING = 4
 INCLUDE_DEPTH_TARGET = 4

@@ -19,6 +19,7 @@ ENTRY_POINTS = [
     ("cuda_toolkit", "check", STOP),
     ("cudnn", "main", "Look at the files of cuDNN in every toolkit tree"),
     ("gpu_artifacts", "main", STOP),
+    ("gpu_preflight", "main", "Look at the mounts, installers, GPU processes and what is installed"),
     ("gpu_env", "main", "Put the toolkit on the system library path, on PATH for login shells and on sudo"),
     ("gpu_verify", "main", STOP),
     ("nvidia_driver", "main", "Decide the install method and whether the pinned driver is installed"),
@@ -43,5 +44,5 @@ def test_a_role_run_before_the_stacks_are_resolved_stops_naming_the_fix(tmp_path
     assert run.returncode == 2, run.stdout[-2000:]
     # The stopping task is the last one printed, right after the argument spec's.
     assert run.stdout.rsplit("TASK [", 1)[1].startswith(f"gpu_fleet.tf_hosts.{role} : {task}"), run.stdout[-2000:]
-    assert f"{role} reads the pinned stacks that gpu_preflight resolves" in run.stdout
+    assert f"{role} reads the pinned stacks (gpu_preflight_resolved_stacks, the stack model)" in run.stdout
     assert "changed=0" in run.stdout and "failed=1" in run.stdout

@@ -86,6 +86,25 @@ def test_delegated_loops_and_hidden_skipped_loops_cost_no_round_trip(tmp_path):
     assert bench.delegated_in_source("cbtest.yml") is False
 
 
+def test_an_action_that_runs_several_modules_counts_each():
+    def task(name: str, result: dict) -> dict:
+        return {"task": {"name": name, "path": "x.yml:1"}, "hosts": {"h1": result}}
+
+    doc = {
+        "stats": {"h1": {}},
+        "plays": [
+            {
+                "tasks": [
+                    task("Resolve", {"action": "gpu_fleet.tf_hosts.gpu_stacks", "module_runs": 2}),
+                    task("Hold back", {"action": "gpu_fleet.tf_hosts.gpu_stacks", "module_runs": 0}),
+                    task("Lock", {"action": "gpu_fleet.tf_hosts.gpu_run_lock"}),
+                ]
+            }
+        ],
+    }
+    assert bench.round_trips_by_task(doc) == {"h1": {"Resolve": 2, "Lock": 1}}
+
+
 def test_changed_content_pushes_and_recap():
     doc = bench.load_callback_json(CAPTURED)
     assert bench.pushes_changed(doc) == 2

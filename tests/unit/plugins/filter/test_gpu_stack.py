@@ -1125,7 +1125,9 @@ def test_a_role_that_runs_before_the_stacks_are_resolved_names_the_cause_and_the
     message = gpu_stack.FilterModule().filters()["gpu_stacks_unresolved"]("cudnn")
     assert message.startswith("cudnn reads the pinned stacks")
     assert "gpu_preflight_resolved_stacks" in message
-    assert "tasks_from: stacks" in message and "`always`" in message
+    assert (
+        "playbooks/tasks/stacks.yml" in message and "gpu_fleet.tf_hosts.gpu_stacks" in message and "`always`" in message
+    )
     assert "pre_tasks" in message and "apply: {tags: [always]}" in message
 
 
