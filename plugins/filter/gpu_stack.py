@@ -1126,7 +1126,7 @@ def stacks_unresolved(role: str) -> str:
 def stacks_required(stacks: list[dict] | None, role: str) -> list[dict]:
     """The resolved stacks ``role`` reads; raises :func:`stacks_unresolved`'s message when none were published.
 
-    Read where the role first reads the stacks, so that a role run before gpu_preflight stops there, before
+    Read where the role first reads the stacks, so that a role run before the stacks are resolved stops there, before
     any change, without a task of its own.
     """
     if stacks is None:

@@ -22,8 +22,8 @@ ENTRY_POINTS = [
     ("gpu_preflight", "main", "Look at the mounts, installers, GPU processes and what is installed"),
     ("gpu_env", "main", "Put the toolkit on the system library path, on PATH for login shells and on sudo"),
     ("gpu_verify", "main", STOP),
-    ("nvidia_driver", "main", "Decide the install method and whether the pinned driver is installed"),
-    ("tf_venv", "check", STOP),
+    ("nvidia_driver", "main", "Look at the driver's files"),
+    ("tf_venv", "check", "Look at the virtual environments and try the pip index from the host"),
 ]
 
 

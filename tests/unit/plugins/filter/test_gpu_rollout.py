@@ -382,9 +382,14 @@ def test_reprovision_flushes_handlers_where_site_yml_ends_a_play_with_a_handler_
 
 
 def test_reprovision_guards_checks_and_drains_in_that_order_and_undrains_last():
+    # The guard ends gpu_rollout's main, the play's one role, which runs before the block's first task.
+    (play,) = _load("playbooks/reprovision.yml")
+    assert [r["role"] for r in play["roles"]] == ["gpu_fleet.tf_hosts.gpu_rollout"]
+    main = _load("roles/gpu_rollout/tasks/main.yml")
+    assert main[-1].get("ansible.builtin.meta") == "end_host" and main[-1]["when"] == "gpu_rollout_skipped | bool"
     steps = [_role_step(t) for t in rollout_tasks()]
-    guard, drain, undrain = (steps.index(("gpu_rollout", name)) for name in ("guard", "drain", "undrain"))
-    assert guard == 0 and undrain == len(steps) - 1
+    drain, undrain = (steps.index(("gpu_rollout", name)) for name in ("drain", "undrain"))
+    assert undrain == len(steps) - 1
     # Every check of playbooks/preflight.yml runs before the drain; the first change after it.
     preflight = site_steps()[0]
     assert max(steps.index(s) for s in preflight) < drain < steps.index(("nvidia_driver", "main"))
@@ -597,9 +602,9 @@ def shown_facts(run: subprocess.CompletedProcess) -> list[list[Any]]:
 
 
 def test_each_batch_publishes_the_guards_facts_and_one_run_id(tmp_path: Path):
-    """The guard (on a host without nvidia-smi: no job) and the status, batch by batch: every batch
-    carries the run id the first one made."""
-    run = run_entries(tmp_path, ["guard", "status"], {"__gpu_rollout_query": ["false"]})
+    """The guard (main, the play's role; on a host without nvidia-smi: no job) and the status, batch by batch:
+    every batch carries the run id the first one made."""
+    run = run_entries(tmp_path, ["status"], {"__gpu_rollout_query": ["false"]})
     assert run.returncode == 0, run.stdout[-3000:]
     shown = shown_facts(run)
     assert len(shown) == 2 and shown[0] == shown[1], run.stdout[-3000:]
@@ -612,7 +617,7 @@ def test_a_job_that_outlives_the_drain_gives_the_host_back_named_as_such(tmp_pat
     marker = tmp_path / "looked"
     line = "4242, python3, GPU-1, 1024"
     query = ["sh", "-c", f'test -e {marker}-$0 && echo "{line}"; touch {marker}-$0', "{{ inventory_hostname }}"]
-    run = run_entries(tmp_path, ["guard", "drain"], {"__gpu_rollout_query": query, "gpu_rollout_drain_timeout": 0})
+    run = run_entries(tmp_path, ["drain"], {"__gpu_rollout_query": query, "gpu_rollout_drain_timeout": 0})
     assert run.returncode == 0, run.stdout[-3000:]
     for host in ("a", "b"):
         assert f"Skipped: {host}'s GPUs still run compute processes 0 s after the drain: python3 pid 4242" in run.stdout
