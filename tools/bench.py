@@ -68,6 +68,7 @@ CONTROLLER_ACTIONS = frozenset(
         "debug",
         "fail",
         "group_by",
+        "gpu_fleet_report",
         "gpu_option_checks",
         "import_playbook",
         "import_role",
