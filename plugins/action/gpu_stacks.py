@@ -67,6 +67,12 @@ def read_inputs(variables: dict[str, Any], template: Callable[[Any], Any]) -> tu
     specs = documented_options(ROLE)
     checked = ArgumentSpecValidator({name: specs[name] for name in names}).validate(values)
     problems = [f"{error} (gpu_preflight's inputs; fix it in the inventory)" for error in checked.error_messages]
+    # The validator lets a null through; the model needs every input.
+    problems += [
+        f"{name} is null; leave it out for its default or set it (gpu_preflight's inputs)"
+        for name in names
+        if values[name] is None
+    ]
     # The values as read: the roles read them so (a stack's keys left out stay left out).
     return {name[len(ROLE) + 1 :]: value for name, value in values.items()}, problems
 
@@ -82,12 +88,23 @@ def load_yaml(path: str) -> Any:
         return yaml_load(handle)
 
 
+def has_artifacts(path: str) -> bool:
+    data = load_yaml(path)
+    return isinstance(data, dict) and isinstance(data.get("artifacts"), dict)
+
+
+def manifest_problems(paths: list[str]) -> list[str]:
+    """The manifests without a mapping ``artifacts`` (an empty file, or the key misspelt)."""
+    shape = "a manifest is {artifacts: {<file name>: {url, sha256, ...}}}, as data/artifacts.yml"
+    return [f"{path} has no mapping 'artifacts': {shape}. {FIX_PATHS}" for path in paths if not has_artifacts(path)]
+
+
 def merged_manifest(paths: list[str]) -> dict[str, Any]:
     """The manifests' artifacts, a later file's entry replacing an earlier one's; each names its file."""
     merged: dict[str, Any] = {}
     for path in paths:
         real = os.path.realpath(path)
-        for name, entry in (load_yaml(real) or {}).get("artifacts", {}).items():
+        for name, entry in load_yaml(real)["artifacts"].items():
             merged[name] = dict(entry, manifest=real)
     return merged
 
@@ -165,6 +182,7 @@ class ActionModule(ActionBase):
             return self._hold_back(result, task_vars, options["hold_back"])
         inputs, problems = read_inputs(task_vars, self._templar.template)
         problems = problems or missing_files(inputs)
+        problems = problems or manifest_problems([*inputs["manifest_files"], *inputs["manifest_overlays"]])
         if problems:
             return dict(result, failed=True, msg=" ".join(problems))
         result["module_runs"] = 0
@@ -235,4 +253,4 @@ class ActionModule(ActionBase):
             f"{', '.join(hold_back)}. The other stacks go on; the default stays "
             f"{facts['gpu_preflight_resolved_default']['name']}."
         )
-        return dict(result, changed=False, model=facts, msg=said, warnings=[said] if hold_back else [])
+        return dict(result, changed=False, module_runs=0, model=facts, msg=said, warnings=[said] if hold_back else [])

@@ -637,7 +637,7 @@ def host_facts(facts: dict, resolved: dict, inputs: dict) -> dict:
     Args:
         facts: the host's ``ansible_facts`` (distribution, user, kernel, ``gpu_facts``).
         resolved: the ``gpu_stacks_resolve`` result (``stacks``, ``driver``).
-        inputs: ``state`` and ``present`` (the two ``gpu_host_probe`` results), ``installed_paths``,
+        inputs: ``state`` and ``present`` (``gpu_host_probe`` results; gpu_preflight's one look gives both), ``installed_paths``,
             ``venv_paths``, ``supported_os``, ``manage_kernel``, ``kernel_build``, ``dkms_signing_key``,
             ``headers_installable``, ``headers_package``, the role's settings (``driver_version``,
             ``driver_install``, ``cache_dir``, ``cuda_tmpdir``, ``driver_tmpdir``, ``min_free_mib``,

@@ -1156,7 +1156,7 @@ def serve_default(stacks: list[dict], current: str = "") -> dict:
     """
     if not stacks:
         return {"stacks": [], "default": None, "pending": None}
-    # No declared default among them when it was held back (gpu_preflight's entry point hold_back).
+    # No declared default among them when it was held back (the action gpu_stacks, option hold_back).
     declared = next((s["name"] for s in stacks if s.get("declared_default", s.get("default"))), None)
     names = [s["name"] for s in stacks]
     served = current if current in names else (declared or names[0])

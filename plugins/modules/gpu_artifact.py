@@ -36,7 +36,7 @@ author:
 options:
   artifact:
     description:
-      - The artifact's record from the manifest, as gpu_preflight resolved it (for example
+      - The artifact's record from the manifest, as the stack model resolved it (for example
         C(gpu_preflight_resolved_driver.runfile), a stack's C(cuda_toolkit.runfile) or C(cudnn.archive)).
     type: dict
     required: true

@@ -23,7 +23,7 @@ ENTRY_POINTS = [
     ("gpu_env", "main", "Put the toolkit on the system library path, on PATH for login shells and on sudo"),
     ("gpu_verify", "main", STOP),
     ("nvidia_driver", "main", "Look at the driver's files"),
-    ("tf_venv", "check", "Look at the virtual environments and try the pip index from the host"),
+    ("tf_venv", "check", STOP),
 ]
 
 

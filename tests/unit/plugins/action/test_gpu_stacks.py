@@ -152,3 +152,17 @@ def test_bad_arguments_are_named(tmp_path):
     done = localhost_playbook(tmp_path / "play.yml", {"ANSIBLE_HOME": str(tmp_path / ".ansible")})
     assert done.returncode != 0
     assert "gpu_stacks: parameters are mutually exclusive: python_version|hold_back" in done.stdout
+
+
+def test_a_manifest_without_artifacts_is_named(tmp_path):
+    empty = tmp_path / "empty.yml"
+    empty.write_text("artifact: {}\n")  # the key misspelt
+    rc, out, model = _play(tmp_path, {"gpu_preflight_stacks": TWO, "gpu_preflight_manifest_overlays": [str(empty)]})
+    assert rc != 0 and model == {}
+    assert f"{empty} has no mapping 'artifacts'" in " ".join(out.split())
+
+
+def test_a_null_input_is_named(tmp_path):
+    rc, out, _ = _play(tmp_path, {"gpu_preflight_stacks": TWO, "gpu_preflight_manifest_files": None})
+    assert rc != 0
+    assert "gpu_preflight_manifest_files is null; leave it out for its default or set it" in " ".join(out.split())
