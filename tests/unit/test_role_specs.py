@@ -71,3 +71,47 @@ def test_role_readme_tables_keep_their_columns(role):
         if line.startswith("| `"):
             cells = [c for c in re.split(r"(?<!\\)\|", line)[1:-1]]
             assert len(cells) == 4, f"{role}: {line}"
+
+
+def _role_tasks(tasks: list | None) -> list[dict]:
+    """The tasks of a play section with every block's tasks in its place."""
+    found = []
+    for task in tasks or []:
+        found += _role_tasks(task["block"] + task.get("rescue", []) + task.get("always", [])) if "block" in task else [task]
+    return found
+
+
+def _unvalidated() -> list[tuple[str, int, str, str]]:
+    """(playbook, play index, role, entry point) of every role import that skips its argument spec's validation."""
+    found = []
+    for path in sorted((ROOT / "playbooks").glob("*.yml")):
+        for index, play in enumerate(_load_all(path)):
+            for task in _role_tasks((play.get("tasks") or []) + (play.get("post_tasks") or [])):
+                include = task.get("ansible.builtin.import_role") or task.get("ansible.builtin.include_role") or {}
+                if include.get("rolespec_validate") is False:
+                    found.append((path.name, index, include["name"].split(".")[-1], include.get("tasks_from", "main")))
+    return found
+
+
+def _load_all(path: Path) -> list[dict]:
+    return [play for play in yaml.safe_load(path.read_text()) or [] if "hosts" in play]
+
+
+def test_an_entry_point_skips_its_validation_only_after_main_validated_the_same_options():
+    """An import with rolespec_validate false is an entry point whose options are all main's, after main of that
+    role earlier in the same play: the same values were validated once already."""
+    skipped = _unvalidated()
+    assert skipped, "no import skips its validation: drop this test"
+    for playbook, index, role, entry in skipped:
+        spec = _load(ROOT / "roles" / role / "meta/argument_specs.yml")["argument_specs"]
+        assert set(spec[entry].get("options") or {}) <= set(spec["main"].get("options") or {}), (playbook, role, entry)
+        play = _load_all(ROOT / "playbooks" / playbook)[index]
+        steps = [r["role"].split(".")[-1] + "/main" for r in play.get("roles") or []]
+        for task in _role_tasks(play.get("tasks")):
+            include = task.get("ansible.builtin.import_role") or task.get("ansible.builtin.include_role") or {}
+            if include:
+                step = include["name"].split(".")[-1] + "/" + include.get("tasks_from", "main")
+                if step == f"{role}/{entry}":
+                    break
+                steps.append(step)
+        assert f"{role}/main" in steps, f"{playbook}: {role}/{entry} skips its validation before {role}/main ran"
