@@ -19,7 +19,8 @@ Definitions:
   each item's own flag). A task counts as delegated when its result says so or, for a loop, whose
   results ansible.posix.json keeps without it, when its source says ``delegate_to: localhost``.
   Fact gathering counts. A ``copy`` or ``template`` counts
-  once although it may stat and then copy; an action that reports ``module_runs`` (gpu_stacks) counts that.
+  once although it may stat and then copy; an action of this collection that reports ``module_runs``
+  (gpu_stacks, gpu_files) counts those: none where gpu_files took the role's own look and wrote nothing.
 * Bytes pushed on the second run: the sizes of regular files on the host whose modification time
   is newer than a stamp taken just before the run, outside ``/proc``, ``/sys``, ``/dev``, ``/run``,
   ``/tmp``, Ansible's remote temp folders and the health check's own output of each run (its state
@@ -169,7 +170,7 @@ def _trips(task: dict[str, Any], result: dict[str, Any], host: str) -> int:
         return 0
     if delegated_in_source(str(task.get("task", {}).get("path", ""))):
         return 0
-    # An action of this collection that runs several modules on the host says how many (gpu_stacks).
+    # An action of this collection says how many modules it ran on the host (gpu_stacks, gpu_files).
     if isinstance(result.get("module_runs"), int):
         return result["module_runs"]
     items = result.get("results") if isinstance(result.get("results"), list) else [result]

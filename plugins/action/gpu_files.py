@@ -7,11 +7,14 @@ module for owner and mode). This action hashes every file's wanted content on th
 all of them on the host with gpu_host_probe (one round trip), and writes only the files that differ:
 with the module gpu_files, all in one more round trip (each file through a temporary file and one
 rename, as ``copy`` does); with Ansible's own ``copy`` action where that is needed (a validate
-command, check or diff mode). Documentation: plugins/modules/gpu_files.py.
+command, check or diff mode). A role that has just looked at the host anyway hands that look over
+(``looked``, with what the filter gpu_files_look names): then a host whose files are current costs no round
+trip at all. Documentation: plugins/modules/gpu_files.py.
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import posixpath
 import re
@@ -19,6 +22,7 @@ from typing import Any
 
 from ansible.errors import AnsibleActionFail
 from ansible.module_utils.common.text.converters import to_bytes
+from ansible_collections.gpu_fleet.tf_hosts.plugins.filter.gpu_files import gpu_files_look
 from ansible_collections.gpu_fleet.tf_hosts.plugins.plugin_utils.action_runner import ActionRunner
 
 STATE_MODULE = "gpu_fleet.tf_hosts.gpu_host_probe"
@@ -60,6 +64,15 @@ def batch_item(item: dict, content: bytes) -> dict:
     return {"dest": item["dest"], "owner": item.get("owner", "root"), "group": item.get("group", "root")} | written
 
 
+def covered(looked: Any, wanted: dict[str, list[str]]) -> bool:
+    """Whether a gpu_host_probe result holds the stat of every path and the SHA-1 of every file the action
+    would look at itself (the look the filter gpu_files_look names)."""
+    if not isinstance(looked, dict) or looked.get("failed") or looked.get("skipped"):
+        return False
+    stats, sums = looked.get("stat") or {}, looked.get("checksum") or {}
+    return all(path in stats for path in wanted["stat"]) and all(path in sums for path in wanted["checksum"])
+
+
 def stale(item: dict, wanted_sha1: str, found: dict, checksum: str | None) -> bool:
     """Whether the host's file (gpu_host_probe's stat entry and checksum) differs from the item; a
     link item's path must be a symbolic link with that target, as written."""
@@ -91,8 +104,15 @@ class ActionModule(ActionRunner):
         except OSError as error:
             raise AnsibleActionFail(f"gpu_files: {item['dest']}: cannot read src {item['src']}: {error}") from error
 
+    def _execute_module(self, *args, **kwargs):
+        """Each module run on the host, counted (the result's ``module_runs``)."""
+        self._module_runs = getattr(self, "_module_runs", 0) + 1
+        return super()._execute_module(*args, **kwargs)
+
     def _copy(self, item: dict, task_vars: dict) -> dict:
-        """Ansible's copy action for one item, with this task's check and diff modes."""
+        """Ansible's copy action for one item, with this task's check and diff modes (counted once, as bench
+        counts a copy, though it may look and then write)."""
+        self._module_runs = getattr(self, "_module_runs", 0) + 1
         return self._run_action("ansible.legacy.copy", {"owner": "root", "group": "root", **item}, task_vars)
 
     def _link(self, item: dict, task_vars: dict) -> dict:
@@ -164,19 +184,21 @@ class ActionModule(ActionRunner):
                 return written, failed
         return written, self._flush(batch, written, task_vars)
 
+    def _look(self, wanted: dict[str, list[str]], task_vars: dict) -> dict:
+        """The host's files and folders, looked at in one round trip (gpu_host_probe)."""
+        return self._execute_module(module_name=STATE_MODULE, module_args=wanted, task_vars=task_vars)
+
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
         files = self._task.args.get("files")
-        errors = item_errors(files) + [f"unknown option {key}" for key in set(self._task.args) - {"files"}]
+        errors = item_errors(files) + [f"unknown option {key}" for key in set(self._task.args) - {"files", "looked"}]
         if errors:
             raise AnsibleActionFail("gpu_files: " + "; ".join(errors))
         contents = {item["dest"]: self._wanted(item) for item in files}
-        folders = sorted({posixpath.dirname(dest) for dest in contents} - set(contents))
-        state = self._execute_module(
-            module_name=STATE_MODULE,
-            module_args={"stat": list(contents) + folders, "checksum": [i["dest"] for i in files if "link" not in i]},
-            task_vars=task_vars,
-        )
+        wanted = gpu_files_look(files)
+        looked = self._task.args.get("looked")
+        # The role's own look of this play (copied: the writes below mark a folder they make).
+        state = copy.deepcopy(looked) if covered(looked, wanted) else self._look(wanted, task_vars)
         if state.get("failed"):
             return state
         written, failed = self._write(files, contents, state, task_vars)
@@ -184,6 +206,7 @@ class ActionModule(ActionRunner):
             self._remove_tmp_path(self._connection._shell.tmpdir)
             return failed
         result["changed"] = any(done.get("changed") for done in written.values())
+        result["module_runs"] = getattr(self, "_module_runs", 0)
         result["files"] = {dest: {"changed": bool(written.get(dest, {}).get("changed"))} for dest in contents}
         diffs = [done["diff"] for done in written.values() if done.get("diff")]
         if diffs:

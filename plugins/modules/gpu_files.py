@@ -69,6 +69,15 @@ options:
         description: A command that checks the new file before it replaces the old one, C(%s) for its path,
           as in C(ansible.builtin.copy).
         type: str
+  looked:
+    description:
+      - The registered result of the role's own M(gpu_fleet.tf_hosts.gpu_host_probe) look, taken right before in the
+        same play, with the paths P(gpu_fleet.tf_hosts.gpu_files_look#filter) names for O(files) among its C(stat) and
+        C(checksum). The action then takes the files' state from it instead of looking itself, and a host whose files
+        are current costs no round trip. A look that lacks a path, failed or was skipped is not used.
+      - The action's; the module on the host never gets it.
+    type: dict
+    version_added: "0.19.0"
 extends_documentation_fragment:
   - action_common_attributes
   - action_common_attributes.flow
@@ -118,6 +127,11 @@ files:
   returned: always
   type: dict
   sample: {"/etc/profile.d/gpu-env.sh": {"changed": false}}
+module_runs:
+  description: The action's module runs on the host (its look, each batch, folder, link or copy), each a round trip.
+  returned: always
+  type: int
+  sample: 0
 """
 
 import grp  # noqa: E402
@@ -206,7 +220,7 @@ def write_link(module: AnsibleModule, item: dict) -> None:
 def main() -> None:
     # no_log: the host's log gets no copy of the files' contents (pip.conf may hold an index's credentials).
     module = AnsibleModule(
-        argument_spec={"files": {"type": "list", "elements": "dict", "required": True}},
+        argument_spec={"files": {"type": "list", "elements": "dict", "required": True}, "looked": {"type": "dict"}},
         supports_check_mode=True,
         no_log=True,
     )

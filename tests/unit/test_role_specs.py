@@ -77,7 +77,9 @@ def _role_tasks(tasks: list | None) -> list[dict]:
     """The tasks of a play section with every block's tasks in its place."""
     found = []
     for task in tasks or []:
-        found += _role_tasks(task["block"] + task.get("rescue", []) + task.get("always", [])) if "block" in task else [task]
+        found += (
+            _role_tasks(task["block"] + task.get("rescue", []) + task.get("always", [])) if "block" in task else [task]
+        )
     return found
 
 

@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import pytest
 from ansible.module_utils.testing import patch_module_args
 from ansible_collections.gpu_fleet.tf_hosts.plugins.action import gpu_files
+from ansible_collections.gpu_fleet.tf_hosts.plugins.filter import gpu_files as gpu_files_filter
 from ansible_collections.gpu_fleet.tf_hosts.plugins.modules import gpu_files as gpu_files_module
 
 SHA1 = hashlib.sha1(b"PATH=/usr/local/cuda/bin:$PATH\n").hexdigest()
@@ -280,3 +281,24 @@ def test_a_replaced_file_keeps_no_old_attributes_and_a_bad_mode_is_named(tmp_pat
     assert code == 0 and stat.S_IMODE((tmp_path / "pip.conf").stat().st_mode) == 0o600
     code, result = run_module(capsys, [{"dest": str(tmp_path / "x"), "content": "", "mode": "u=rw"}])
     assert code == 1 and "mode 'u=rw' is not an octal mode" in result["msg"] and not (tmp_path / "x").exists()
+
+
+def test_the_look_a_role_adds_is_what_the_action_would_look_at():
+    link = {"dest": "/etc/tf-stacks/default", "link": "tf2.12.env"}
+    folder_item = {"dest": "/opt/gpu-verify", "content": "", "mode": "0755"}
+    look = gpu_files_filter.gpu_files_look([SCRIPTS[0], link, folder_item])
+    # The dests, then the folders of the dests that are not dests themselves, sorted.
+    dests = ["/opt/gpu-verify/fit.py", "/etc/tf-stacks/default", "/opt/gpu-verify"]
+    assert look["stat"] == [*dests, "/etc/tf-stacks", "/opt"]
+    assert look["checksum"] == ["/opt/gpu-verify/fit.py", "/opt/gpu-verify"]  # not the link
+
+
+def test_a_role_s_look_stands_for_the_action_s_only_when_it_holds_every_path():
+    wanted = gpu_files_filter.gpu_files_look([ITEM])
+    looked = {"stat": {ITEM["dest"]: CURRENT, "/etc/profile.d": {"exists": True}}, "checksum": {ITEM["dest"]: SHA1}}
+    assert gpu_files.covered(looked, wanted) is True
+    assert gpu_files.covered(looked | {"checksum": {}}, wanted) is False  # a file not hashed
+    assert gpu_files.covered(looked | {"stat": {ITEM["dest"]: CURRENT}}, wanted) is False  # its folder not looked at
+    assert gpu_files.covered(looked | {"failed": True}, wanted) is False
+    assert gpu_files.covered({"skipped": True}, wanted) is False  # a look that did not run
+    assert gpu_files.covered(None, wanted) is False
