@@ -171,7 +171,24 @@ def test_a_users_own_playbook_applies_the_roles_by_fqcn(converged, installed):
         "gpu_health",
         "gpu_verify",
     ]
-    play = [{"name": "My GPU hosts", "hosts": "gpu_hosts", "become": True, "roles": [f"{FQCN}.{r}" for r in roles]}]
+    # As docs/usage.md shows: the stack model first, from the installed collection's playbooks/tasks/stacks.yml.
+    stacks = {
+        "name": "Resolve the pinned stacks",
+        "ansible.builtin.include_tasks": {
+            "file": f"{{{{ lookup('{FQCN}.collection_path', 'playbooks/tasks/stacks.yml') }}}}",
+            "apply": {"tags": ["always"]},
+        },
+        "tags": ["always"],
+    }
+    play = [
+        {
+            "name": "My GPU hosts",
+            "hosts": "gpu_hosts",
+            "become": True,
+            "pre_tasks": [stacks],
+            "roles": [f"{FQCN}.{r}" for r in roles],
+        }
+    ]
     playbook.write_text(yaml.safe_dump(play, sort_keys=False))
     run = _run(
         [*_ansible("playbook"), str(playbook), "-i", str(converged["inventory"])],
