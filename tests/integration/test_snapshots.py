@@ -50,7 +50,9 @@ def test_a_host_from_the_snapshot_holds_the_converged_stack():
         stop_container(name)
 
 
-def test_an_image_of_the_state_under_another_key_is_removed():
+def test_an_image_of_the_state_under_another_key_is_removed(monkeypatch):
+    # Whatever the shell says (GPU_FLEET_SNAPSHOT_PRUNE=0 keeps other keys' images for work trees side by side).
+    monkeypatch.delenv("GPU_FLEET_SNAPSHOT_PRUNE", raising=False)
     state = snapshots.STATES["converged"]
     image = snapshots.ensure("converged")
     stale = f"{snapshots.REPOSITORY}:converged-{'0' * 16}"
