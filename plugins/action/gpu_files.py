@@ -73,6 +73,11 @@ def covered(looked: Any, wanted: dict[str, list[str]]) -> bool:
     return all(path in stats for path in wanted["stat"]) and all(path in sums for path in wanted["checksum"])
 
 
+def unlooked(wanted: dict[str, list[str]]) -> dict:
+    """The state of files not looked at: none there, so that every one is written."""
+    return {"stat": {path: {"exists": False} for path in wanted["stat"]}, "checksum": {}}
+
+
 def stale(item: dict, wanted_sha1: str, found: dict, checksum: str | None) -> bool:
     """Whether the host's file (gpu_host_probe's stat entry and checksum) differs from the item; a
     link item's path must be a symbolic link with that target, as written."""
@@ -191,14 +196,19 @@ class ActionModule(ActionRunner):
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
         files = self._task.args.get("files")
-        errors = item_errors(files) + [f"unknown option {key}" for key in set(self._task.args) - {"files", "looked"}]
+        options = {"files", "looked", "new_every_run"}
+        errors = item_errors(files) + [f"unknown option {key}" for key in set(self._task.args) - options]
         if errors:
             raise AnsibleActionFail("gpu_files: " + "; ".join(errors))
         contents = {item["dest"]: self._wanted(item) for item in files}
         wanted = gpu_files_look(files)
         looked = self._task.args.get("looked")
-        # The role's own look of this play (copied: the writes below mark a folder they make).
-        state = copy.deepcopy(looked) if covered(looked, wanted) else self._look(wanted, task_vars)
+        # The role's own look of this play (copied: the writes below mark a folder they make); none at all for
+        # files that differ on every run, where the host's module can write them all in one batch.
+        if self._task.args.get("new_every_run") and all(self._batchable(i, contents[i["dest"]]) for i in files):
+            state = unlooked(wanted)
+        else:
+            state = copy.deepcopy(looked) if covered(looked, wanted) else self._look(wanted, task_vars)
         if state.get("failed"):
             return state
         written, failed = self._write(files, contents, state, task_vars)

@@ -69,6 +69,14 @@ options:
         description: A command that checks the new file before it replaces the old one, C(%s) for its path,
           as in C(ansible.builtin.copy).
         type: str
+  new_every_run:
+    description:
+      - Every file's content is new on every run (a record of the run, such as a metrics textfile with its time):
+        the action writes them without a look first, in one round trip. Where a file needs Ansible's copy (a
+        validate command, check or diff mode, bytes that are not text) it looks as usual.
+    type: bool
+    default: false
+    version_added: "0.19.0"
   looked:
     description:
       - The registered result of the role's own M(gpu_fleet.tf_hosts.gpu_host_probe) look, taken right before in the
@@ -220,7 +228,11 @@ def write_link(module: AnsibleModule, item: dict) -> None:
 def main() -> None:
     # no_log: the host's log gets no copy of the files' contents (pip.conf may hold an index's credentials).
     module = AnsibleModule(
-        argument_spec={"files": {"type": "list", "elements": "dict", "required": True}, "looked": {"type": "dict"}},
+        argument_spec={
+            "files": {"type": "list", "elements": "dict", "required": True},
+            "looked": {"type": "dict"},
+            "new_every_run": {"type": "bool", "default": False},
+        },
         supports_check_mode=True,
         no_log=True,
     )

@@ -302,3 +302,11 @@ def test_a_role_s_look_stands_for_the_action_s_only_when_it_holds_every_path():
     assert gpu_files.covered(looked | {"failed": True}, wanted) is False
     assert gpu_files.covered({"skipped": True}, wanted) is False  # a look that did not run
     assert gpu_files.covered(None, wanted) is False
+
+
+def test_files_new_on_every_run_are_all_written_in_one_batch_without_a_look():
+    state = gpu_files.unlooked(gpu_files_filter.gpu_files_look(SCRIPTS))
+    action = Recorder()
+    written, failed = action._write(SCRIPTS, contents(SCRIPTS), state, {})
+    assert failed is None and sorted(written) == [item["dest"] for item in SCRIPTS]
+    assert [call[0] for call in action.calls] == ["batch"]
