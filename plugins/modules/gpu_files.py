@@ -71,7 +71,7 @@ options:
         type: str
   new_every_run:
     description:
-      - Every file's content is new on every run (a record of the run, such as a metrics textfile with its time):
+      - Every file's content is new on every run (a record of the run, such as a metrics textfile with its time), so
         the action writes them without a look first, in one round trip. Where a file needs Ansible's copy (a
         validate command, check or diff mode, bytes that are not text) it looks as usual.
     type: bool
