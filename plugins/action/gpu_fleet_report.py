@@ -3,9 +3,10 @@
 """Action plugin gpu_fleet_report: the fleet report of a run, written, shown and published in one task.
 
 It runs gpu_verify's report writer (``roles/gpu_verify/files/fleet_report.py``) on the controller, with this
-Python, the results on its stdin and the options given; then it prints the report's table and publishes its summary as the job's artifacts (``gpu_verify_report_summary``,
-as ``ansible.builtin.set_stats`` with ``aggregate`` and without ``per_host`` would: AWX and Automation Platform
-show a job's stats as its artifacts). Documentation: plugins/modules/gpu_fleet_report.py.
+Python, the results on its stdin and the options given; then it prints the report's table and publishes its
+summary as the job's artifacts (``gpu_verify_report_summary``, as ``ansible.builtin.set_stats`` with
+``aggregate`` and without ``per_host`` would: AWX and Automation Platform show a job's stats as its artifacts).
+Documentation: plugins/modules/gpu_fleet_report.py.
 """
 
 from __future__ import annotations
