@@ -77,10 +77,21 @@ def tf_python() -> str:
     return python
 
 
+def _localhost_argv(playbook: Path, env: dict[str, str] | None) -> tuple[list[str], dict[str, str]]:
+    environ = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_FORCE_COLOR="0", **(env or {}))
+    argv = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", "localhost,", "-c", "local"]
+    return argv + ["-e", f"ansible_python_interpreter={sys.executable}", str(playbook)], environ
+
+
 def localhost_playbook(playbook: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """Run ``playbook`` with this venv's ansible-playbook against localhost (local connection, this
     interpreter) under the project's ansible.cfg; ``env`` adds to the environment."""
-    environ = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_FORCE_COLOR="0", **(env or {}))
-    argv = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", "localhost,", "-c", "local"]
-    argv += ["-e", f"ansible_python_interpreter={sys.executable}", str(playbook)]
+    argv, environ = _localhost_argv(playbook, env)
     return subprocess.run(argv, capture_output=True, text=True, env=environ, cwd=ROOT, timeout=120)
+
+
+def localhost_playbook_started(playbook: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """As :func:`localhost_playbook`, started: its output (stdout and stderr together) read line by line as it
+    comes, for a test that acts on what the run says while it runs."""
+    argv, environ = _localhost_argv(playbook, env)
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=environ, cwd=ROOT)

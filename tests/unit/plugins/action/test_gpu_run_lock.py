@@ -6,13 +6,12 @@ from __future__ import annotations
 import datetime
 import json
 import subprocess
-import threading
 from pathlib import Path
 
 import pytest
 from ansible_collections.gpu_fleet.tf_hosts.plugins.action import gpu_run_lock
 from ansible_collections.gpu_fleet.tf_hosts.plugins.modules import gpu_run_lock as module
-from helpers import localhost_playbook
+from helpers import localhost_playbook, localhost_playbook_started
 
 ROOT = Path(__file__).resolve().parents[4]
 NOW = datetime.datetime(2026, 12, 4, 12, 0, tzinfo=datetime.timezone.utc)  # noqa: UP017
@@ -165,13 +164,24 @@ def test_a_holder_that_ends_while_waited_for_hands_over(tmp_path):
     holder["started"] = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")  # noqa: UP017
     lock.parent.mkdir()
     lock.write_text(json.dumps(holder))
-    threading.Timer(3, lock.unlink).start()
+    playbook = tmp_path / "take.yml"
+    playbook.write_text(PLAYBOOK.format(path=lock, wait=60))
+    # The holder gives the lock back once the run says it waits (not after a fixed time: a slow start of
+    # ansible-playbook would find the lock gone already).
+    waiter = localhost_playbook_started(playbook)
     try:
-        run = _play(tmp_path, lock, wait=60)
+        lines = []
+        for line in waiter.stdout:
+            lines.append(line)
+            if "waiting up to 60 s" in line and lock.exists():
+                lock.unlink()
+        waiter.wait(timeout=120)
     finally:
         sleeper.kill()
-    assert run.returncode == 0, run.stdout + run.stderr
-    assert "waiting up to 60 s" in run.stdout and "replaced" not in run.stdout
+        waiter.kill()
+    out = "".join(lines)
+    assert waiter.returncode == 0, out
+    assert "waiting up to 60 s" in out and "replaced" not in out
     assert json.loads(lock.read_text())["token"] != holder["token"]
 
 
