@@ -1,12 +1,13 @@
 # Copyright: gpu-fleet maintainers
 # Apache License 2.0 (see galaxy.yml)
-"""Action plugin gpu_option_checks: the option rules of the roles of a run's last phase, checked before its
-first change.
+"""Action plugin gpu_option_checks: the options of the roles of a run's later phases, checked before its first
+change.
 
-Each role named in ``roles`` has its options checked against their rules (the filter
-``<role>_option_problems`` that the role itself applies) with the values the host has for them: its
-variables, else the defaults the role's ``meta/argument_specs.yml`` documents. Every problem of every role
-is named at once. It runs on the controller only. Documentation: plugins/modules/gpu_option_checks.py.
+Each role named in ``roles`` has its options checked with the values the host has for them (its variables, else
+the defaults the role's ``meta/argument_specs.yml`` documents, templated): against that argument specification
+(types, choices, required), as Ansible checks a role's inputs when the role starts, and, for gpu_verify and
+gpu_health, against the rules the role applies itself (the filter ``<role>_option_problems``). Every problem of
+every role is named at once. It runs on the controller only. Documentation: plugins/modules/gpu_option_checks.py.
 """
 
 from __future__ import annotations
@@ -15,11 +16,15 @@ from collections.abc import Callable
 from typing import Any
 
 from ansible.errors import AnsibleLookupError
+from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.plugins.action import ActionBase
 from ansible_collections.gpu_fleet.tf_hosts.plugins.filter import gpu_health, gpu_verify
+from ansible_collections.gpu_fleet.tf_hosts.plugins.lookup.collection_path import documented_options
 from ansible_collections.gpu_fleet.tf_hosts.plugins.plugin_utils.role_input import role_input
 
-# Each role's checked options and its rule filter.
+# The roles of site.yml's phases after preflight, in their order: preflight checks their options.
+ROLES = ("nvidia_driver", "cuda_toolkit", "cudnn", "gpu_env", "tf_venv", "gpu_health", "gpu_verify")
+# The roles with rules of their own beyond their argument specification: the options the rules read and the rules.
 RULES: dict[str, tuple[tuple[str, ...], Callable[[dict[str, Any]], list[str]]]] = {
     "gpu_verify": (gpu_verify.OPTIONS, gpu_verify.gpu_verify_option_problems),
     "gpu_health": (gpu_health.OPTIONS, gpu_health.gpu_health_option_problems),
@@ -30,11 +35,11 @@ def argument_problems(args: dict[str, Any]) -> list[str]:
     """What is wrong with the task's arguments: ``roles`` is a list of roles this action knows."""
     roles = args.get("roles")
     if set(args) - {"roles"} or not isinstance(roles, list) or not roles:
-        return [f"gpu_option_checks takes one option, roles: a list of some of {', '.join(RULES)}"]
+        return [f"gpu_option_checks takes one option, roles: a list of some of {', '.join(ROLES)}"]
     return [
-        f"gpu_option_checks has no option rules for the role {role!r} (it has: {', '.join(RULES)})"
+        f"gpu_option_checks does not check the options of the role {role!r} (it checks: {', '.join(ROLES)})"
         for role in roles
-        if role not in RULES
+        if role not in ROLES
     ]
 
 
@@ -50,8 +55,30 @@ def option_values(names: tuple[str, ...], variables: dict[str, Any], template: C
     return values
 
 
+def spec_problems(role: str, values: dict[str, Any], specs: dict[str, Any]) -> list[str]:
+    """What breaks ``role``'s argument specification (``specs``, its entry point main) among ``values``, an
+    option left out where it is not set; each message with where to fix it."""
+    given = {name: value for name, value in values.items() if name in specs and value is not None}
+    checked = ArgumentSpecValidator(specs).validate(given)
+    return [
+        f"{error} ({role}'s options; fix it in the inventory or on the -e command line)."
+        for error in checked.error_messages
+    ]
+
+
+def role_problems(role: str, variables: dict[str, Any], template: Callable[[Any], Any]) -> list[str]:
+    """Every problem of ``role``'s options: its rules where it has them, its argument specification for the rest."""
+    specs = documented_options(role)
+    names, rule = RULES.get(role, ((), None))
+    values = option_values(tuple(specs), variables, template)
+    problems = spec_problems(role, values, {name: spec for name, spec in specs.items() if name not in names})
+    if rule is not None:
+        problems += rule({name: values.get(name) for name in names})
+    return problems
+
+
 class ActionModule(ActionBase):
-    """Fails naming every option that breaks its rule; changes nothing."""
+    """Fails naming every option that breaks its specification or rule; changes nothing."""
 
     _supports_check_mode = True
     _requires_connection = False
@@ -63,9 +90,10 @@ class ActionModule(ActionBase):
         if problems:
             return dict(result, failed=True, msg=" ".join(problems))
         for role in self._task.args["roles"]:
-            names, rule = RULES[role]
-            problems += rule(option_values(names, task_vars, self._templar.template))
+            problems += role_problems(role, task_vars, self._templar.template)
         if problems:
             return dict(result, failed=True, changed=False, problems=problems, msg=" ".join(problems))
-        roles = " and ".join(self._task.args["roles"])
-        return dict(result, changed=False, problems=[], msg=f"The options of {roles} keep their rules")
+        roles = ", ".join(self._task.args["roles"])
+        return dict(
+            result, changed=False, problems=[], msg=f"The options of {roles} keep their specifications and rules"
+        )

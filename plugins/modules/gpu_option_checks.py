@@ -8,15 +8,18 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 ---
 module: gpu_option_checks
-short_description: Check the options of the verification and the health check before the first change
+short_description: Check the options of the later phases' roles before the first change
 description:
-  - Checks the options of each role in O(roles) against the rules that role applies itself (the filters
-    C(gpu_verify_option_problems) and C(gpu_health_option_problems)), with the values the role would read - the
-    host's variables, else the defaults its C(meta/argument_specs.yml) documents, templated - and fails naming
-    every option that breaks its rule, with the rule and the fix, all at once.
-  - Preflight (C(playbooks/tasks/checks.yml)) runs it, so that a bad option of the run's last phase stops
-    C(site.yml) before the driver is touched. A required option left out (C(gpu_verify_expected_gpu_count)) is
-    named as not set.
+  - Checks the options of each role in O(roles) with the values the role would read - the host's variables, else
+    the defaults its C(meta/argument_specs.yml) documents, templated - against that argument specification (types,
+    choices, required), as Ansible checks a role's inputs when the role starts, with the same validator.
+  - For C(gpu_verify) and C(gpu_health), the options their own rules read are checked against those rules instead
+    (the filters C(gpu_verify_option_problems) and C(gpu_health_option_problems)), each named once.
+  - Fails naming every option that breaks its specification or rule, with the fix, all at once.
+  - Preflight (C(playbooks/tasks/checks.yml)) runs it for every phase after it, so that a bad option of a later
+    phase stops C(site.yml) before the driver is touched; the installers' C(check) entry points there skip their
+    own validation of the same options. A required option left out (C(gpu_verify_expected_gpu_count)) is named
+    as not set.
   - Runs on the controller only; changes nothing.
 version_added: "0.19.0"
 author:
@@ -27,7 +30,7 @@ options:
       - The roles whose options to check.
     type: list
     elements: str
-    choices: [gpu_verify, gpu_health]
+    choices: [nvidia_driver, cuda_toolkit, cudnn, gpu_env, tf_venv, gpu_health, gpu_verify]
     required: true
 extends_documentation_fragment:
   - action_common_attributes
@@ -48,14 +51,18 @@ attributes:
 """
 
 EXAMPLES = r"""
-- name: Check the verification options and the health check's options
+- name: Check the options of the driver, CUDA, cuDNN, environment, venv, health check and verification roles
   gpu_fleet.tf_hosts.gpu_option_checks:
-    roles: [gpu_verify, gpu_health]
+    roles: [nvidia_driver, cuda_toolkit, cudnn, gpu_env, tf_venv, gpu_health, gpu_verify]
+
+- name: Check the verification options only
+  gpu_fleet.tf_hosts.gpu_option_checks:
+    roles: [gpu_verify]
 """
 
 RETURN = r"""
 problems:
-  description: One message per option that breaks its rule, naming its value, the rule and the fix.
+  description: One message per option that breaks its specification or rule, naming the option, what is wrong and the fix.
   returned: always
   type: list
   elements: str

@@ -84,36 +84,54 @@ def _role_tasks(tasks: list | None) -> list[dict]:
 
 
 def _unvalidated() -> list[tuple[str, int, str, str]]:
-    """(playbook, play index, role, entry point) of every role import that skips its argument spec's validation."""
+    """(playbook or task file, play index, role, entry point) of every role import that skips its argument spec's
+    validation; a task file of playbooks/tasks counts as one play (index 0)."""
     found = []
-    for path in sorted((ROOT / "playbooks").glob("*.yml")):
-        for index, play in enumerate(_load_all(path)):
+    for path in sorted((ROOT / "playbooks").glob("*.yml")) + sorted((ROOT / "playbooks/tasks").glob("*.yml")):
+        for index, play in enumerate(_plays(path)):
             for task in _role_tasks((play.get("tasks") or []) + (play.get("post_tasks") or [])):
                 include = task.get("ansible.builtin.import_role") or task.get("ansible.builtin.include_role") or {}
                 if include.get("rolespec_validate") is False:
-                    found.append((path.name, index, include["name"].split(".")[-1], include.get("tasks_from", "main")))
+                    found.append((path, index, include["name"].split(".")[-1], include.get("tasks_from", "main")))
     return found
+
+
+def _plays(path: Path) -> list[dict]:
+    """A playbook's plays, or a task file as one play."""
+    return _load_all(path) if path.parent.name == "playbooks" else [{"tasks": yaml.safe_load(path.read_text()) or []}]
+
+
+def _validated_before(play: dict, role: str, entry: str) -> list[str]:
+    """What validated options earlier in the play than ``role``'s import of ``entry``: ``<role>/main`` for each
+    role main ran of (a play's roles, an import or include), ``<role>/options`` for each role a
+    gpu_option_checks task checked."""
+    steps = [r["role"].split(".")[-1] + "/main" for r in play.get("roles") or []]
+    for task in _role_tasks(play.get("tasks")):
+        include = task.get("ansible.builtin.import_role") or task.get("ansible.builtin.include_role") or {}
+        checked = (task.get("gpu_fleet.tf_hosts.gpu_option_checks") or {}).get("roles") or []
+        steps += [f"{name}/options" for name in checked]
+        if include:
+            step = include["name"].split(".")[-1] + "/" + include.get("tasks_from", "main")
+            if step == f"{role}/{entry}":
+                break
+            steps.append(step)
+    return steps
+
+
+def test_an_entry_point_skips_its_validation_only_after_its_options_were_validated():
+    """An import with rolespec_validate false is an entry point whose options are all main's, after main of that
+    role, or a gpu_option_checks task naming that role (it checks main's specification), earlier in the same
+    play: the same values were validated once already."""
+    skipped = _unvalidated()
+    assert skipped, "no import skips its validation: drop this test"
+    for path, index, role, entry in skipped:
+        spec = _load(ROOT / "roles" / role / "meta/argument_specs.yml")["argument_specs"]
+        assert set(spec[entry].get("options") or {}) <= set(spec["main"].get("options") or {}), (path.name, role, entry)
+        steps = _validated_before(_plays(path)[index], role, entry)
+        assert {f"{role}/main", f"{role}/options"} & set(steps), (
+            f"{path.name}: {role}/{entry} skips its validation before {role}/main ran or gpu_option_checks checked it"
+        )
 
 
 def _load_all(path: Path) -> list[dict]:
     return [play for play in yaml.safe_load(path.read_text()) or [] if "hosts" in play]
-
-
-def test_an_entry_point_skips_its_validation_only_after_main_validated_the_same_options():
-    """An import with rolespec_validate false is an entry point whose options are all main's, after main of that
-    role earlier in the same play: the same values were validated once already."""
-    skipped = _unvalidated()
-    assert skipped, "no import skips its validation: drop this test"
-    for playbook, index, role, entry in skipped:
-        spec = _load(ROOT / "roles" / role / "meta/argument_specs.yml")["argument_specs"]
-        assert set(spec[entry].get("options") or {}) <= set(spec["main"].get("options") or {}), (playbook, role, entry)
-        play = _load_all(ROOT / "playbooks" / playbook)[index]
-        steps = [r["role"].split(".")[-1] + "/main" for r in play.get("roles") or []]
-        for task in _role_tasks(play.get("tasks")):
-            include = task.get("ansible.builtin.import_role") or task.get("ansible.builtin.include_role") or {}
-            if include:
-                step = include["name"].split(".")[-1] + "/" + include.get("tasks_from", "main")
-                if step == f"{role}/{entry}":
-                    break
-                steps.append(step)
-        assert f"{role}/main" in steps, f"{playbook}: {role}/{entry} skips its validation before {role}/main ran"

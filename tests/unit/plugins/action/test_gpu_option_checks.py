@@ -1,5 +1,6 @@
-"""gpu_option_checks: the option rules of gpu_verify and gpu_health, checked with the values a role would
-read (the host's variables, else the documented defaults, templated), in real ansible-playbook runs."""
+"""gpu_option_checks: the later phases' options against their roles' argument specifications, and the option rules
+of gpu_verify and gpu_health, checked with the values a role would read (the host's variables, else the documented
+defaults, templated), in real ansible-playbook runs."""
 
 from __future__ import annotations
 
@@ -47,6 +48,36 @@ def test_every_bad_option_of_every_role_is_named_at_once(tmp_path):
     assert "gpu_health_interval is 5s" in out and "gpu_health_state_dir is state" in out
 
 
+def test_every_later_phase_keeps_its_specification_with_the_documented_defaults(tmp_path):
+    rc, out = _play(tmp_path, {"gpu_verify_expected_gpu_count": 2}, roles=gpu_option_checks.ROLES)
+    assert rc == 0, out
+    assert "ok=1 " in out and "failed=0" in out
+
+
+def test_a_wrong_type_or_choice_is_named_as_the_role_would_name_it_with_where_to_fix_it(tmp_path):
+    """As Ansible's own check when the role starts (the same validator), before that role's phase: all at once."""
+    rc, out = _play(
+        tmp_path,
+        {"nvidia_driver_method": "packages", "tf_venv_pip_timeout": "soon", "cuda_toolkit_install_timeout": [1]},
+        roles=["nvidia_driver", "cuda_toolkit", "tf_venv"],
+    )
+    assert rc != 0
+    assert (
+        "value of nvidia_driver_method must be one of: auto, package, runfile, got: packages (nvidia_driver's options"
+        in out
+    )
+    assert "tf_venv_pip_timeout" in out and "(tf_venv's options; fix it in the inventory" in out
+    assert "cuda_toolkit_install_timeout" in out and "(cuda_toolkit's options" in out
+
+
+def test_an_option_a_rule_covers_is_named_once_by_its_rule(tmp_path):
+    """gpu_verify_timeout has a rule of its own: its message, not a second one from the specification."""
+    rc, out = _play(tmp_path, {"gpu_verify_expected_gpu_count": 2, "gpu_verify_timeout": "soon"}, roles=["gpu_verify"])
+    assert rc != 0
+    assert "gpu_verify_timeout is soon" in out
+    assert "gpu_verify's options" not in out
+
+
 def test_a_default_that_follows_another_role_reads_that_roles_value(tmp_path):
     """gpu_verify_jupyter_kernel_dir's documented default is tf_venv_jupyter_kernel_dir's value."""
     rc, out = _play(tmp_path, {"gpu_verify_expected_gpu_count": 1, "tf_venv_jupyter_kernel_dir": "kernels"})
@@ -64,8 +95,11 @@ def test_a_variable_is_templated_as_the_role_would_read_it(tmp_path):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        ({"roles": ["gpu_verify", "tf_venv"]}, "gpu_option_checks has no option rules for the role 'tf_venv'"),
-        ({"roles": []}, "gpu_option_checks takes one option, roles: a list of some of gpu_verify, gpu_health"),
+        (
+            {"roles": ["gpu_verify", "gpu_rollout"]},
+            "gpu_option_checks does not check the options of the role 'gpu_rollout'",
+        ),
+        ({"roles": []}, "gpu_option_checks takes one option, roles: a list of some of nvidia_driver, cuda_toolkit"),
         ({"roles": "gpu_verify"}, "gpu_option_checks takes one option, roles"),
         ({"roles": ["gpu_verify"], "strict": True}, "gpu_option_checks takes one option, roles"),
     ],
