@@ -393,17 +393,16 @@ def test_reprovision_guards_checks_and_drains_in_that_order_and_undrains_last():
     # Every check of playbooks/preflight.yml runs before the drain; the first change after it.
     preflight = site_steps()[0]
     assert max(steps.index(s) for s in preflight) < drain < steps.index(("nvidia_driver", "main"))
-    # The report's hosts left out are named once per batch, right before the verification; between it and
-    # the undrain the switch of a verified new default, the report, and the health baseline of what was verified.
+    # Between the verification and the undrain: the switch of a verified new default, the report (which names
+    # the hosts left out, once per batch), and the health baseline of what was verified.
     verify = steps.index(("gpu_verify", "main"))
-    assert steps.index(("gpu_rollout", "status")) == verify - 1
     assert steps[verify + 1 : undrain] == [("gpu_env", "switch"), ("gpu_verify", "report"), ("gpu_health", "record")]
 
 
 def test_a_failed_host_gets_its_batch_report_then_counts_against_max_fail_percentage():
     (play,) = _load("playbooks/reprovision.yml")
     always = play["tasks"][0]["always"]
-    assert [_role_step(t) for t in always] == [UNLOCK, ("gpu_rollout", "status"), ("gpu_verify", "report"), None]
+    assert [_role_step(t) for t in always] == [UNLOCK, ("gpu_verify", "report"), None]
     assert "ansible.builtin.fail" in always[-1]
     assert "when" not in always[0]  # every host gives its run lock back, passed or failed
     assert all(t["when"] == "inventory_hostname not in ansible_play_hosts" for t in always[1:])
@@ -602,9 +601,9 @@ def shown_facts(run: subprocess.CompletedProcess) -> list[list[Any]]:
 
 
 def test_each_batch_publishes_the_guards_facts_and_one_run_id(tmp_path: Path):
-    """The guard (main, the play's role; on a host without nvidia-smi: no job) and the status, batch by batch:
-    every batch carries the run id the first one made."""
-    run = run_entries(tmp_path, ["status"], {"__gpu_rollout_query": ["false"]})
+    """The guard and the rollout's label (main, the play's role; on a host without nvidia-smi: no job), batch by
+    batch: every batch carries the run id the first one made."""
+    run = run_entries(tmp_path, [], {"__gpu_rollout_query": ["false"]})
     assert run.returncode == 0, run.stdout[-3000:]
     shown = shown_facts(run)
     assert len(shown) == 2 and shown[0] == shown[1], run.stdout[-3000:]
