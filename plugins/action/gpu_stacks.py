@@ -230,7 +230,10 @@ class ActionModule(ActionBase):
         warnings = [w["cause"] for w in resolved["warnings"]]
         result.update(changed=False, resolution=resolved, warnings=warnings)
         if not resolved["ok"]:
-            return dict(result, failed=True, msg=resolved["messages"])
+            # Only the causes and fixes: a failed task's whole result is printed, and the GPU facts and the
+            # resolution would bury them.
+            kept = {key: value for key, value in result.items() if key not in ("ansible_facts", "resolution")}
+            return dict(kept, failed=True, msg=resolved["messages"])
         facts = model(resolved, current)
         said = f"{len(resolved['stacks'])} stacks resolved; the default pointers serve {facts['gpu_preflight_resolved_default']['name']}"
         return dict(result, model=facts, msg=said)

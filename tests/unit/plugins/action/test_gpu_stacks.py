@@ -97,6 +97,8 @@ def test_a_stack_that_cannot_be_resolved_stops_with_its_fix_and_publishes_nothin
     assert "tf2.15: TensorFlow 2.15 was built with cuDNN 8.9; it refuses cuDNN 8.6" in out
     assert "Pin cuDNN 8.9 for TensorFlow 2.15." in out
     assert model == {}
+    # The causes alone: neither the GPU facts gathered nor the resolution bury them.
+    assert "pci_count" not in out and "resolution" not in out
 
 
 def test_a_missing_matrix_is_named_with_the_variable_to_fix(tmp_path):
