@@ -345,7 +345,7 @@ def _scale_rows(small: dict[str, Any], large: dict[str, Any] | None, n: tuple[in
     ]
 
 
-def _host_rows(small: dict[str, Any], large: dict[str, Any] | None) -> list[list[str]]:
+def _host_rows(small: dict[str, Any], large: dict[str, Any] | None, counts: tuple[int, int | None]) -> list[list[str]]:
     """Per-host figures of the no-op run and the ratios against the fact-gathering play."""
     big = large or {}
     prov = ratio(small.get("noop_prov_s"), small.get("facts_s"))
@@ -368,7 +368,7 @@ def _host_rows(small: dict[str, Any], large: dict[str, Any] | None) -> list[list
             "<= 20",
             _verdict(None if worst is None else float(worst), 20.0),
         ],
-        *_cost_rows(small, big),
+        *_cost_rows(small, big, counts),
         ["second run: changed", _fmt(small.get("noop_changed")), _fmt(big.get("noop_changed")), "", "0", ""],
         ["second run: content pushes changed", _fmt(small.get("pushes")), _fmt(big.get("pushes")), "", "0", ""],
         [
@@ -398,7 +398,17 @@ def _host_rows(small: dict[str, Any], large: dict[str, Any] | None) -> list[list
     ]
 
 
-def _cost_rows(small: dict[str, Any], big: dict[str, Any]) -> list[list[str]]:
+def added_host_cpu(small: dict[str, Any], big: dict[str, Any], counts: tuple[int, int | None]) -> float | None:
+    """Controller CPU seconds each host beyond the smaller count adds to a no-op run: the run's fixed cost
+    (parsing the playbooks, building each module's payload once) left out, what a large fleet's nightly
+    re-check costs per host."""
+    small_n, big_n = counts
+    if big_n is None or big_n <= small_n or small.get("noop_cpu_s") is None or big.get("noop_cpu_s") is None:
+        return None
+    return (big["noop_cpu_s"] * big_n - small["noop_cpu_s"] * small_n) / (big_n - small_n)
+
+
+def _cost_rows(small: dict[str, Any], big: dict[str, Any], counts: tuple[int, int | None]) -> list[list[str]]:
     """The no-op's controller CPU seconds per host and its task headers (what a nightly re-check of a
     large fleet from one controller costs)."""
     return [
@@ -410,6 +420,7 @@ def _cost_rows(small: dict[str, Any], big: dict[str, Any]) -> list[list[str]]:
             "<= 5",
             _verdict(small.get("noop_cpu_s"), 5.0),
         ],
+        ["controller CPU s per added host, no-op", "", _fmt(added_host_cpu(small, big, counts)), "", "", ""],
         [
             "task headers, no-op",
             _fmt(small.get("noop_headers")),
@@ -439,7 +450,7 @@ def table_rows(runs: dict[int, dict[str, Any]]) -> list[list[str]]:
     header = ["measure", f"{small_n} host(s)", f"{large_n} hosts" if large_n else "-", "ratio", "target", "verdict"]
     large = runs[large_n] if large_n else None
     rows = _scale_rows(runs[small_n], large, (small_n, large_n))
-    return [header, *rows, *_host_rows(runs[small_n], large)]
+    return [header, *rows, *_host_rows(runs[small_n], large, (small_n, large_n))]
 
 
 def render(rows: list[list[str]]) -> str:

@@ -162,6 +162,9 @@ def test_the_no_op_controller_cost_per_host_is_shown_against_its_targets():
     runs = {1: dict(TODAY[1], noop_cpu_s=12.4, noop_headers=208), 4: dict(TODAY[4], noop_cpu_s=9.87, noop_headers=208)}
     assert row(bench.table_rows(runs), "controller CPU s per host")[1:] == ["12.4", "9.9", "", "<= 5", "not met"]
     assert row(bench.table_rows(runs), "task headers, no-op")[1:] == ["208", "208", "", "<= 90", "not met"]
+    # 4 x 9.87 - 12.4 over 3 added hosts: the run's fixed cost left out.
+    assert row(bench.table_rows(runs), "controller CPU s per added host")[1:3] == ["", "9.0"]
+    assert row(bench.table_rows({1: TODAY[1]}), "controller CPU s per added host")[1:3] == ["", "-"]
     assert row(bench.table_rows({1: TODAY[1]}), "task headers, no-op")[-1] == "not measured"
 
 
