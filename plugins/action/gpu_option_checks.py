@@ -5,9 +5,10 @@ change.
 
 Each role named in ``roles`` has its options checked with the values the host has for them (its variables, else
 the defaults the role's ``meta/argument_specs.yml`` documents, templated): against that argument specification
-(types, choices, required), as Ansible checks a role's inputs when the role starts, and, for gpu_verify and
-gpu_health, against the rules the role applies itself (the filter ``<role>_option_problems``). Every problem of
-every role is named at once. It runs on the controller only. Documentation: plugins/modules/gpu_option_checks.py.
+(types, choices, required), as Ansible checks a role's inputs when the role starts, and, for the options a rule
+of the role reads (gpu_verify's and gpu_health's ``<role>_option_problems``, cuda_toolkit's installer time
+limit), against that rule instead. Every problem of every role is named at once. It runs on the controller
+only. Documentation: plugins/modules/gpu_option_checks.py.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 from ansible.errors import AnsibleLookupError
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.plugins.action import ActionBase
-from ansible_collections.gpu_fleet.tf_hosts.plugins.filter import gpu_health, gpu_verify
+from ansible_collections.gpu_fleet.tf_hosts.plugins.filter import gpu_cuda, gpu_health, gpu_verify
 from ansible_collections.gpu_fleet.tf_hosts.plugins.lookup.collection_path import documented_options
 from ansible_collections.gpu_fleet.tf_hosts.plugins.plugin_utils.role_input import role_input
 
@@ -26,6 +27,7 @@ from ansible_collections.gpu_fleet.tf_hosts.plugins.plugin_utils.role_input impo
 ROLES = ("nvidia_driver", "cuda_toolkit", "cudnn", "gpu_env", "tf_venv", "gpu_health", "gpu_verify")
 # The roles with rules of their own beyond their argument specification: the options the rules read and the rules.
 RULES: dict[str, tuple[tuple[str, ...], Callable[[dict[str, Any]], list[str]]]] = {
+    "cuda_toolkit": (gpu_cuda.OPTIONS, gpu_cuda.gpu_cuda_option_problems),
     "gpu_verify": (gpu_verify.OPTIONS, gpu_verify.gpu_verify_option_problems),
     "gpu_health": (gpu_health.OPTIONS, gpu_health.gpu_health_option_problems),
 }

@@ -145,9 +145,23 @@ def gpu_cuda_plan(plan: dict | None, parts: dict) -> dict[str, dict]:
     return joined
 
 
-def gpu_cuda_check_problems(link: str, link_stat: dict | None, timeout: Any) -> list[str]:
-    """The check's stops: the default symlink ``link`` (``link_stat``: gpu_host_probe's stat of it) would
-    replace a real folder or file, or is relative; the installer's time limit is not >= 60 seconds."""
+# The options cuda_toolkit's own rule reads (plugins/action/gpu_option_checks.py checks them in preflight).
+OPTIONS = ("cuda_toolkit_install_timeout",)
+
+
+def gpu_cuda_option_problems(values: dict[str, Any]) -> list[str]:
+    """cuda_toolkit's option rule, ``values`` by option name: the installer's time limit is a whole number of
+    seconds of at least 60."""
+    timeout = values.get("cuda_toolkit_install_timeout")
+    if re.match(r"^[0-9]+$", str(timeout)) and int(str(timeout)) >= 60:
+        return []
+    return [MESSAGES["timeout"].text(timeout=timeout)]
+
+
+def gpu_cuda_check_problems(link: str, link_stat: dict | None, timeout: Any = None) -> list[str]:
+    """The stops before any change: the default symlink ``link`` (``link_stat``: gpu_host_probe's stat of it)
+    would replace a real folder or file, or is relative; with ``timeout``, also the installer's time limit
+    (:func:`gpu_cuda_option_problems`)."""
     problems = []
     found = link_stat or {}
     if not os.path.isabs(str(link)):
@@ -155,8 +169,8 @@ def gpu_cuda_check_problems(link: str, link_stat: dict | None, timeout: Any) -> 
     elif found.get("exists") and not found.get("islnk"):
         kind = "folder" if found.get("isdir") else "file"
         problems.append(MESSAGES["link_taken"].text(link=link, kind=kind))
-    if not re.match(r"^[0-9]+$", str(timeout)) or int(str(timeout)) < 60:
-        problems.append(MESSAGES["timeout"].text(timeout=timeout))
+    if timeout is not None:
+        problems += gpu_cuda_option_problems({"cuda_toolkit_install_timeout": timeout})
     return problems
 
 

@@ -13,8 +13,9 @@ description:
   - Checks the options of each role in O(roles) with the values the role would read - the host's variables, else
     the defaults its C(meta/argument_specs.yml) documents, templated - against that argument specification (types,
     choices, required), as Ansible checks a role's inputs when the role starts, with the same validator.
-  - For C(gpu_verify) and C(gpu_health), the options their own rules read are checked against those rules instead
-    (the filters C(gpu_verify_option_problems) and C(gpu_health_option_problems)), each named once.
+  - The options a rule of the role reads are checked against that rule instead, each named once - C(gpu_verify)'s
+    and C(gpu_health)'s (the filters C(gpu_verify_option_problems) and C(gpu_health_option_problems)) and
+    C(cuda_toolkit)'s installer time limit (C(cuda_toolkit_install_timeout), at least 60 seconds).
   - Fails naming every option that breaks its specification or rule, with the fix, all at once.
   - Preflight (C(playbooks/tasks/checks.yml)) runs it for every phase after it, so that a bad option of a later
     phase stops C(site.yml) before the driver is touched; the installers' C(check) entry points there skip their

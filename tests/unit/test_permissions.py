@@ -121,7 +121,9 @@ def test_the_walk_reaches_tasks_in_blocks_and_plays():
     names = {task.get("name") for path in task_files() for task, _ in file_tasks(path)}
     assert "Blacklist nouveau" in names  # inside a block
     # A playbook's task file (playbooks/tasks/checks.yml):
-    assert "Check the options of the driver, CUDA, cuDNN, environment, venv, health check and verification roles" in names
+    assert (
+        "Check the options of the driver, CUDA, cuDNN, environment, venv, health check and verification roles" in names
+    )
     assert "Check the options, the stacks, the hosts and NVIDIA's files" in names  # a play's tasks
 
 

@@ -16,7 +16,6 @@ STOP = "Stop when no earlier task of the run resolved the pinned stacks"
 # gpu_stacks_required), the others in a task of their own.
 ENTRY_POINTS = [
     ("cuda_toolkit", "main", "Look at the default symlink's path and the files of each toolkit"),
-    ("cuda_toolkit", "check", STOP),
     ("cudnn", "main", "Look at the files of cuDNN in every toolkit tree"),
     ("gpu_artifacts", "main", STOP),
     ("gpu_preflight", "main", "Look at the mounts, installers, GPU processes and what is installed"),

@@ -58,7 +58,7 @@ def test_a_wrong_type_or_choice_is_named_as_the_role_would_name_it_with_where_to
     """As Ansible's own check when the role starts (the same validator), before that role's phase: all at once."""
     rc, out = _play(
         tmp_path,
-        {"nvidia_driver_method": "packages", "tf_venv_pip_timeout": "soon", "cuda_toolkit_install_timeout": [1]},
+        {"nvidia_driver_method": "packages", "tf_venv_pip_timeout": "soon", "tf_venv_require_lock": "maybe"},
         roles=["nvidia_driver", "cuda_toolkit", "tf_venv"],
     )
     assert rc != 0
@@ -67,7 +67,14 @@ def test_a_wrong_type_or_choice_is_named_as_the_role_would_name_it_with_where_to
         in out
     )
     assert "tf_venv_pip_timeout" in out and "(tf_venv's options; fix it in the inventory" in out
-    assert "cuda_toolkit_install_timeout" in out and "(cuda_toolkit's options" in out
+    assert "tf_venv_require_lock" in out and "cuda_toolkit" not in out.split("TASK [Check]", 1)[1]
+
+
+def test_the_cuda_installers_time_limit_is_named_by_its_rule(tmp_path):
+    rc, out = _play(tmp_path, {"cuda_toolkit_install_timeout": 30}, roles=["cuda_toolkit"])
+    assert rc != 0
+    assert "cuda_toolkit_install_timeout is 30; it is the seconds NVIDIA's CUDA installer may run" in out
+    assert "cuda_toolkit's options" not in out
 
 
 def test_an_option_a_rule_covers_is_named_once_by_its_rule(tmp_path):

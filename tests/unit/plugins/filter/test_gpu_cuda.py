@@ -89,9 +89,9 @@ def test_the_plan_joins_toolkits_link_and_removals():
 
 
 def test_the_check_names_a_folder_a_relative_link_and_a_short_time_limit():
-    assert gpu_cuda.gpu_cuda_check_problems("/usr/local/cuda", {"exists": True, "islnk": True}, 3600) == []
+    assert gpu_cuda.gpu_cuda_check_problems("/usr/local/cuda", {"exists": True, "islnk": True}) == []
     assert gpu_cuda.gpu_cuda_check_problems("/usr/local/cuda", {}, "3600") == []
-    (folder,) = gpu_cuda.gpu_cuda_check_problems("/usr/lib", {"exists": True, "isdir": True}, 3600)
+    (folder,) = gpu_cuda.gpu_cuda_check_problems("/usr/lib", {"exists": True, "isdir": True})
     assert folder == (
         "cuda_toolkit_default_symlink /usr/lib exists and is not a symbolic link (a folder); the run would replace "
         "it with a link to the default toolkit. Move it aside on the host when it is a CUDA installed by hand "
@@ -105,6 +105,13 @@ def test_the_check_names_a_folder_a_relative_link_and_a_short_time_limit():
         "stops it, at least 60. Set it to 3600 (the default) or more on slow disks."
     )
     assert gpu_cuda.gpu_cuda_check_problems("/usr/local/cuda", {}, "1h")[0].startswith("cuda_toolkit_install_timeout")
+
+
+def test_the_option_rule_takes_whole_seconds_of_at_least_60():
+    assert gpu_cuda.gpu_cuda_option_problems({"cuda_toolkit_install_timeout": 60}) == []
+    for bad in (59, "1h", None, -1):
+        (problem,) = gpu_cuda.gpu_cuda_option_problems({"cuda_toolkit_install_timeout": bad})
+        assert problem.startswith(f"cuda_toolkit_install_timeout is {bad}; ")
 
 
 def test_the_installed_nvcc_is_compared_with_the_pin():
