@@ -1134,6 +1134,14 @@ def stacks_required(stacks: list[dict] | None, role: str) -> list[dict]:
     return stacks
 
 
+def stacks_hosts_to_resolve(hosts: list[str], hostvars: Any) -> list[str]:
+    """The hosts of ``hosts`` (in their order) that no earlier play of the run published the stack model for:
+    a phase playbook's first play resolves it for them alone, and in site.yml, whose preflight resolved it,
+    for none (a play without hosts prints no task). ``hostvars`` is empty for the run's first play, whose
+    keywords are templated before Ansible defines it: no play ran before, so every host needs the model."""
+    return [host for host in hosts if host not in hostvars or "gpu_preflight_resolved_stacks" not in hostvars[host]]
+
+
 def serve_default(stacks: list[dict], current: str = "") -> dict:
     """Which stack a host's default pointers serve in this run, and which switch waits.
 
@@ -1227,4 +1235,5 @@ class FilterModule:
             "gpu_stacks_serve": serve_default,
             "gpu_stacks_unresolved": stacks_unresolved,
             "gpu_stacks_required": stacks_required,
+            "gpu_stacks_hosts_to_resolve": stacks_hosts_to_resolve,
         }

@@ -313,20 +313,12 @@ def _role_step(task: dict[str, Any]) -> tuple[str, str] | None:
     return None
 
 
-# The plays' fallback for a phase run alone: resolve the stacks when no earlier play did (they are the
-# same in the rollout, whose checks resolve them first in each batch).
-UNLESS_RESOLVED = "gpu_preflight_resolved_stacks is undefined"
-
-
 def _expand(tasks: list[dict[str, Any]] | None, folder: str = "playbooks") -> list[dict[str, Any]]:
     """The tasks with each task file they import in its place (found, as Ansible does, next to the
-    file that imports it), each block's tasks (block, rescue, always) in the block's place, and the
-    fallbacks that run only when no earlier play resolved the stacks left out."""
+    file that imports it), and each block's tasks (block, rescue, always) in the block's place."""
     expanded = []
     for task in tasks or []:
         imported = task.get("ansible.builtin.import_tasks")
-        if task.get("when") == UNLESS_RESOLVED:
-            continue
         if imported:
             path = f"{folder}/{imported}"
             expanded += _expand(_load(path), path.rsplit("/", 1)[0])
@@ -337,16 +329,29 @@ def _expand(tasks: list[dict[str, Any]] | None, folder: str = "playbooks") -> li
     return expanded
 
 
+# A phase playbook's first play (playbooks/stacks.yml) resolves the stacks for the hosts no earlier play did: in
+# site.yml none, after its preflight (as in the rollout, whose checks resolve them first in each batch).
+STACKS_PLAY = "stacks.yml"
+
+
+def _plays(name: str) -> list[dict[str, Any]]:
+    """The plays of playbooks/``name`` in order, each imported playbook's in its place but playbooks/stacks.yml's."""
+    plays = []
+    for entry in _load("playbooks/" + name):
+        imported = entry.get("ansible.builtin.import_playbook")
+        if imported != STACKS_PLAY:
+            plays += _plays(imported) if imported else [entry]
+    return plays
+
+
 def site_steps() -> list[list[tuple[str, str]]]:
     """site.yml's plays, each as its (role, entry point) steps in order."""
     plays = []
-    for entry in _load("playbooks/site.yml"):
-        imported = entry.get("ansible.builtin.import_playbook")
-        for play in _load("playbooks/" + imported) if imported else [entry]:
-            steps = [_role_step(t) for t in _expand(play.get("pre_tasks"))]
-            steps += [(r["role"].split(".")[-1], "main") for r in play.get("roles", [])]
-            steps += [_role_step(t) for t in _expand(play.get("tasks")) + _expand(play.get("post_tasks"))]
-            plays.append([s for s in steps if s])
+    for play in _plays("site.yml"):
+        steps = [_role_step(t) for t in _expand(play.get("pre_tasks"))]
+        steps += [(r["role"].split(".")[-1], "main") for r in play.get("roles", [])]
+        steps += [_role_step(t) for t in _expand(play.get("tasks")) + _expand(play.get("post_tasks"))]
+        plays.append([s for s in steps if s])
     return plays
 
 

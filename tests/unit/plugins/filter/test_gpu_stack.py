@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import ast
 import copy
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -1174,3 +1176,32 @@ def test_stacks_host_without_gpu_facts_has_no_driver_and_no_gpus():
 def test_stacks_host_is_the_filter_gpu_stacks_host():
     pins = dict(HOST_PINS, driver_install=False)
     assert gpu_stack.FilterModule().filters()["gpu_stacks_host"](LOADED, pins)["driver_version"] == "525.147.05"
+
+
+def test_hosts_to_resolve_leaves_out_the_hosts_an_earlier_play_resolved():
+    hostvars = {"a": {"gpu_preflight_resolved_stacks": []}, "b": {"other": 1}}
+    assert gpu_stack.stacks_hosts_to_resolve(["a", "b", "c"], hostvars) == ["b", "c"]
+    assert gpu_stack.stacks_hosts_to_resolve(["b", "a"], {}) == ["b", "a"]  # the run's first play: no hostvars yet
+
+
+def test_a_phase_playbook_resolves_the_stacks_for_the_hosts_no_earlier_play_did(tmp_path):
+    """The hosts of playbooks/stacks.yml, templated by Ansible: every host as the run's first play (no hostvars
+    yet), then only the hosts that an earlier play did not publish the model for (site.yml: none)."""
+    (play,) = yaml.safe_load((ROOT / "playbooks/stacks.yml").read_text())
+    said = {"name": "Say", "ansible.builtin.debug": {"msg": "{{ inventory_hostname }} resolves"}}
+    publish = {"name": "Publish", "ansible.builtin.set_fact": {"gpu_preflight_resolved_stacks": []}}
+    plays = [
+        {"name": "first", "hosts": play["hosts"], "gather_facts": False, "tasks": [said]},
+        {"name": "preflight", "hosts": "a", "gather_facts": False, "tasks": [publish]},
+        {"name": "phase", "hosts": play["hosts"], "gather_facts": False, "tasks": [said]},
+    ]
+    (tmp_path / "play.yml").write_text(yaml.safe_dump(plays, sort_keys=False))
+    hosts = {name: {"ansible_connection": "local", "ansible_python_interpreter": sys.executable} for name in "ab"}
+    (tmp_path / "hosts.yml").write_text(yaml.safe_dump({"gpu_hosts": {"hosts": hosts}}))
+    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_FORCE_COLOR="0")
+    argv = [str(Path(sys.executable).with_name("ansible-playbook")), "play.yml", "-i", "hosts.yml"]
+    run = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120, check=False)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    first, phase = run.stdout.split("PLAY [first]", 1)[1].split("PLAY [phase]", 1)
+    assert "a resolves" in first and "b resolves" in first
+    assert "b resolves" in phase and "a resolves" not in phase
