@@ -31,6 +31,9 @@ RULES: dict[str, tuple[tuple[str, ...], Callable[[dict[str, Any]], list[str]]]] 
     "gpu_verify": (gpu_verify.OPTIONS, gpu_verify.gpu_verify_option_problems),
     "gpu_health": (gpu_health.OPTIONS, gpu_health.gpu_health_option_problems),
 }
+# Files a role writes on the host, whose paths its tasks take as they are: absolute, or the host is changed before
+# the role finds out (gpu_host_probe refuses a relative path, late in the run).
+HOST_PATHS = {"gpu_env": ("gpu_env_profile_path", "gpu_env_ld_conf_path", "gpu_env_sudoers_path")}
 
 
 def argument_problems(args: dict[str, Any]) -> list[str]:
@@ -68,15 +71,26 @@ def spec_problems(role: str, values: dict[str, Any], specs: dict[str, Any]) -> l
     ]
 
 
+def host_path_problems(role: str, values: dict[str, Any], specs: dict[str, Any]) -> list[str]:
+    """The options of ``role`` in HOST_PATHS whose value is not an absolute path, each with its default as the fix."""
+    return [
+        f"{name} is {values.get(name)}; it must be an absolute path on the host. Set it to "
+        f"{specs[name].get('default')} (the default) or another absolute path."
+        for name in HOST_PATHS.get(role, ())
+        if not (isinstance(values.get(name), str) and values[name].startswith("/"))
+    ]
+
+
 def role_problems(role: str, variables: dict[str, Any], template: Callable[[Any], Any]) -> list[str]:
-    """Every problem of ``role``'s options: its rules where it has them, its argument specification for the rest."""
+    """Every problem of ``role``'s options: its rules where it has them, its argument specification for the rest,
+    and the host paths it takes as they are."""
     specs = documented_options(role)
     names, rule = RULES.get(role, ((), None))
     values = option_values(tuple(specs), variables, template)
     problems = spec_problems(role, values, {name: spec for name, spec in specs.items() if name not in names})
     if rule is not None:
         problems += rule({name: values.get(name) for name in names})
-    return problems
+    return problems + host_path_problems(role, values, specs)
 
 
 class ActionModule(ActionBase):

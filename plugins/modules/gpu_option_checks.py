@@ -16,6 +16,8 @@ description:
   - The options a rule of the role reads are checked against that rule instead, each named once - C(gpu_verify)'s
     and C(gpu_health)'s (the filters C(gpu_verify_option_problems) and C(gpu_health_option_problems)) and
     C(cuda_toolkit)'s installer time limit (C(cuda_toolkit_install_timeout), at least 60 seconds).
+  - The files C(gpu_env) writes on the host (C(gpu_env_profile_path), C(gpu_env_ld_conf_path),
+    C(gpu_env_sudoers_path)) must be absolute paths; a path type alone takes any word.
   - Fails naming every option that breaks its specification or rule, with the fix, all at once.
   - Preflight (C(playbooks/tasks/checks.yml)) runs it for every phase after it, so that a bad option of a later
     phase stops C(site.yml) before the driver is touched; the installers' C(check) entry points there skip their

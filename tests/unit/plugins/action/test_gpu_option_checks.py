@@ -70,6 +70,18 @@ def test_a_wrong_type_or_choice_is_named_as_the_role_would_name_it_with_where_to
     assert "tf_venv_require_lock" in out and "cuda_toolkit" not in out.split("TASK [Check]", 1)[1]
 
 
+def test_a_host_path_gpu_env_writes_must_be_absolute(tmp_path):
+    """A path type takes any word (and a list, as its text): gpu_env would write the host's driver, CUDA and cuDNN
+    first, then stop at its own look. Named before any change instead, with the default as the fix."""
+    rc, out = _play(tmp_path, {"gpu_env_profile_path": "x", "gpu_env_sudoers_path": ["y"]}, roles=["gpu_env"])
+    assert rc != 0
+    assert (
+        "gpu_env_profile_path is x; it must be an absolute path on the host. Set it to /etc/profile.d/gpu-env.sh" in out
+    )
+    assert "gpu_env_sudoers_path is ['y']; it must be an absolute path on the host" in out
+    assert "gpu_env_ld_conf_path" not in out.split("TASK [Check]", 1)[1]
+
+
 def test_the_cuda_installers_time_limit_is_named_by_its_rule(tmp_path):
     rc, out = _play(tmp_path, {"cuda_toolkit_install_timeout": 30}, roles=["cuda_toolkit"])
     assert rc != 0
