@@ -388,6 +388,11 @@ CASES = [
         ("tf_venv_pip_install_timeout is 0", "at least 60", "3600 (the default)"),
     ),
     Case(
+        "gpu_env_relative_path",
+        {"gpu_env_profile_path": "gpu-env.sh"},
+        ("gpu_env_profile_path is gpu-env.sh", "must be an absolute path on the host", "/etc/profile.d/gpu-env.sh"),
+    ),
+    Case(
         "pip_network_timeout_negative",
         {"tf_venv_pip_timeout": -1},
         ("tf_venv_pip_timeout is -1", "a whole number above 0", "120 (the default)"),
