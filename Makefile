@@ -46,7 +46,7 @@ help:
 	@echo "make deps        apt packages: podman, runc, debootstrap, makeself, gcc, xz-utils, chromium, python3-venv; promtool"
 	@echo "make venv        the controller's Python venv .venv with requirements.txt"
 	@echo "make image       the sandbox's Debian 12 and Debian 13 images (debootstrap; once)"
-	@echo "make standins    the stand-ins for NVIDIA's installers under build/"
+	@echo "make standins    the stand-ins for NVIDIA's installers under build/ (the sandbox's of NVIDIA's real files)"
 	@echo "make sandbox     start the sandbox container gpu-sandbox"
 	@echo "make wheelhouse  the wheels of the locks the test hosts install, once (build/wheelhouse)"
 
@@ -65,8 +65,12 @@ image: deps
 	tools/build-sandbox-image.sh
 	tools/build-sandbox-image.sh localhost/gpu-sandbox-debian:13
 
+# build/standins: the sandbox's, its CUDA 11.8.0 runfile and cuDNN 8.6.0.163 archive made of NVIDIA's
+# real files (downloaded once per machine into the test cache, tests/fixtures/nvidia/nvidia_files.py);
+# build/standins-small: the same names built from the stand-in sources, for the tests of the roles' logic.
 standins: deps
-	python3 tests/fixtures/nvidia/build_standins.py --out $(STANDINS)
+	python3 tests/fixtures/nvidia/build_standins.py --out $(STANDINS) --nvidia-files
+	python3 tests/fixtures/nvidia/build_standins.py --out $(STANDINS)-small --debs none
 	python3 tests/fixtures/nvidia/build_standins.py --out $(STANDINS)-multi --debs none --driver 555.42.06 \
 	    --cuda 11.8.0:520.61.05:11.8.89:11.8.20220929 --cuda 12.5.1:555.42.06:12.5.82 \
 	    --cudnn 8.6.0.163:11 --cudnn 9.3.0.75:12

@@ -40,12 +40,16 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
 from ansible_run import latest_report, run_playbook
-from wheelhouse import container_options
+from wheelhouse import cache_dir, container_options
 
 BASE_IMAGE = os.environ.get("GPU_SANDBOX_IMAGE", "localhost/gpu-sandbox-debian:12")
 REPOSITORY = "localhost/gpu-sandbox-snapshot"
 LABEL = "io.gpu-fleet.snapshot-key"
-LOCKS = ROOT / "build" / "snapshots"
+# The builders' locks live in the machine's test cache, as the images live in the machine's podman
+# storage: clones on one machine that want the same snapshot wait for one build.
+LOCKS = cache_dir() / "snapshots"
+SANDBOX_GROUP_VARS = ROOT / "inventories" / "sandbox" / "group_vars"
+SMALL_GROUP_VARS = ROOT / "tests" / "fixtures" / "inventory" / "small" / "group_vars"
 # What decides a converged host, besides the state's own variables and stand-ins.
 INPUTS = (
     "roles",
@@ -134,12 +138,14 @@ def start_host(name: str, image: str, *options: str) -> None:
         raise SnapshotError(f"podman could not start {name} from {image}: {started.stderr.strip()}")
 
 
-def write_inventory(folder: Path, host: str, host_vars: dict) -> Path:
-    """An inventory folder: ``host`` (a podman container) in gpu_hosts, the sandbox's group_vars."""
+def write_inventory(folder: Path, host: str, host_vars: dict, group_vars: Path = SANDBOX_GROUP_VARS) -> Path:
+    """An inventory folder: ``host`` (a podman container) in gpu_hosts, with ``group_vars``: the
+    sandbox's (NVIDIA's real files, TensorFlow's GPU build), or SMALL_GROUP_VARS for a host of a test
+    of the roles' logic (tests/fixtures/inventory/small)."""
     folder.mkdir(parents=True, exist_ok=True)
     hosts = {"gpu_hosts": {"hosts": {host: {"ansible_connection": "podman_pipelined", **host_vars}}}}
     (folder / "hosts.yml").write_text(json.dumps(hosts, indent=1))
-    (folder / "group_vars").symlink_to(ROOT / "inventories/sandbox/group_vars")
+    (folder / "group_vars").symlink_to(group_vars)
     return folder
 
 

@@ -1,9 +1,10 @@
-"""One wheelhouse per test session: the wheels of every lock the test hosts install, downloaded once.
+"""One wheelhouse per machine: the wheels of every lock the test hosts install, downloaded once.
 
 ``make wheelhouse`` (a step of ``make molecule``, ``make integration`` and ``make test``) downloads
-each lock's wheels for the hosts' platform into build/wheelhouse/ with ``pip download
---require-hashes``, so every file is the one the lock names; a file already there is checked, not
-fetched again. Test hosts get the folder read-only at /srv/test-wheelhouse and
+each lock's wheels for the hosts' platform into the machine's test cache (``wheelhouse/`` in
+GPU_TEST_CACHE, default ~/.cache/gpu-fleet-tests; tests/fixtures/nvidia/nvidia_files.py), shared by
+every clone, with ``pip download --require-hashes``, so every file is the one the lock names; a file
+already there is checked, not fetched again. Two clones that download at once wait for each other. Test hosts get the folder read-only at /srv/test-wheelhouse and
 ``PIP_NO_INDEX=1 PIP_FIND_LINKS=/srv/test-wheelhouse`` in their environment: tf_venv's pip (the
 role's own command line, ``--require-hashes`` included) takes every wheel from there instead of
 downloading it again. Molecule ``default`` and the air-gap test keep their own paths: ``default``
@@ -21,14 +22,20 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-WHEELHOUSE = Path(os.environ.get("GPU_TEST_WHEELHOUSE", ROOT / "build" / "wheelhouse"))
+sys.path.insert(0, str(ROOT / "tests" / "fixtures" / "nvidia"))
+
+from nvidia_files import cache_dir, locked
+
+WHEELHOUSE = Path(os.environ.get("GPU_TEST_WHEELHOUSE", cache_dir() / "wheelhouse"))
 HOST_DIR = "/srv/test-wheelhouse"
-# The locks the test hosts install: the sandbox's default stack and Molecule multi_stack's second, and
+# The locks the test hosts install: the sandbox's default stack (the GPU build real hosts get), its
+# CPU build (the hosts of the tests of the roles' logic) and Molecule multi_stack's second, and
 # multi_stack's own locks of both with ipykernel (tests/fixtures/locks-jupyter, made by tools/locks.py
 # --extra ipykernel==6.29.5; their header has the command).
 LOCKS = tuple(
     ROOT / "data" / "locks" / name
     for name in (
+        "tensorflow-2.12.1-py3.11.txt",
         "tensorflow-cpu-2.12.1-py3.11.txt",
         "tensorflow-cpu-2.18.1-py3.11.txt",
         # The Debian 13 host (tests/integration/test_newest_core.py): CPython 3.13.
@@ -59,8 +66,9 @@ def download_command(lock: Path, dest: Path = WHEELHOUSE) -> list[str]:
 
 def build(dest: Path = WHEELHOUSE) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
-    for lock in LOCKS:
-        subprocess.run(download_command(lock, dest), check=True)
+    with locked(dest, "download"):
+        for lock in LOCKS:
+            subprocess.run(download_command(lock, dest), check=True)
     return dest
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install the Debian packages the controller needs for the sandbox, the stand-ins and the tests:
 # podman + runc (rootful containers; crun cannot run here), debootstrap (the image), makeself, gcc,
-# xz-utils (the NVIDIA stand-ins), python3-venv, chromium (renders the HTML report in a test), and
+# binutils (readelf: the sonames of NVIDIA's libraries), xz-utils (the NVIDIA stand-ins), python3-venv, chromium (renders the HTML report in a test), and
 # promtool (checks the alerting rules and the metrics textfiles in tests/unit/monitoring).
 # promtool comes from Debian's `prometheus` package, but only the one program is taken: installing
 # the package would also create a prometheus user and enable and start a Prometheus server on port
@@ -13,7 +13,7 @@
 # Exit codes: 0 ready; 1 apt failed; 2 not root.
 set -euo pipefail
 need=()
-for pair in podman:podman runc:runc debootstrap:debootstrap makeself:makeself gcc:gcc xz:xz-utils chromium:chromium; do
+for pair in podman:podman runc:runc debootstrap:debootstrap makeself:makeself gcc:gcc readelf:binutils xz:xz-utils chromium:chromium; do
   command -v "${pair%%:*}" >/dev/null 2>&1 || need+=("${pair##*:}")
 done
 python3 -c 'import ensurepip, venv' 2>/dev/null || need+=(python3-venv)
@@ -26,17 +26,30 @@ if [ "$(id -u)" -ne 0 ]; then
   echo "missing packages: ${need[*]} ${promtool[*]}; run as root or install them with apt-get" >&2
   exit 2
 fi
+# A mirror's passing failure gets two more tries; when apt gives up, its own message is shown.
+apt_retry() {
+  local try out
+  for try in 1 2 3; do
+    if out=$("$@" 2>&1); then
+      return 0
+    fi
+    echo "apt: \`$*\` failed (try $try of 3)" >&2
+    [ "$try" -lt 3 ] && sleep $((try * 10))
+  done
+  printf 'apt gave up; its last output:\n%s\n' "$out" >&2
+  return 1
+}
 echo "installing: ${need[*]} ${promtool[*]}"
 export DEBIAN_FRONTEND=noninteractive
-apt-get update -qq
+apt_retry apt-get update -qq
 if [ ${#need[@]} -gt 0 ]; then
-  apt-get install -y -qq "${need[@]}" >/dev/null
+  apt_retry apt-get install -y -qq "${need[@]}"
 fi
 if [ ${#promtool[@]} -gt 0 ]; then
   work=$(mktemp -d)
   trap 'rm -rf "$work"' EXIT
   # As root, apt downloads as its sandbox user _apt, which cannot write a folder of mktemp's (0700).
-  (cd "$work" && apt-get download -qq -o APT::Sandbox::User=root prometheus)
+  (cd "$work" && apt_retry apt-get download -qq -o APT::Sandbox::User=root prometheus)
   dpkg-deb -x "$work"/prometheus_*.deb "$work/root"
   install -m 0755 "$work/root/usr/bin/promtool" /usr/local/bin/promtool
   promtool --version | head -n 1

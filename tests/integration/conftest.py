@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import pytest
-from sandbox_hosts import sandbox_inventory, start_container, stop_container
+from sandbox_hosts import small_inventory, start_container, stop_container
 
 
 @pytest.fixture
 def fresh_host(tmp_path):
-    """A new sandbox container and an inventory for it that reuses the sandbox's group_vars.
+    """A new sandbox container and an inventory for it with the sandbox's group_vars and the small
+    stand-ins (tests/fixtures/inventory/small): the tests that take it test the roles' logic.
 
     Yields ``(container name, inventory folder)``; the container is removed afterwards."""
     name = start_container("gpu-fresh")
-    yield name, sandbox_inventory(tmp_path / "inventory", name)
+    yield name, small_inventory(tmp_path / "inventory", name)
     stop_container(name)

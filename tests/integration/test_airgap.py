@@ -15,7 +15,7 @@ import subprocess
 import pytest
 from ansible_collections.gpu_fleet.tf_hosts.plugins.module_utils.gpu_lock import normalize_name, parse_lock
 from ansible_run import latest_report
-from sandbox_hosts import ROOT, sandbox_inventory, site, start_container, stop_container
+from sandbox_hosts import ROOT, site, small_inventory, start_container, stop_container
 
 DEAD_INDEX = "http://127.0.0.1:9/simple"
 LOCK = ROOT / "data" / "locks" / "tensorflow-cpu-2.12.1-py3.11.txt"
@@ -43,7 +43,7 @@ def podman(name: str, *argv: str) -> subprocess.CompletedProcess:
 def bare_host(tmp_path):
     """A fresh sandbox container without the test session's wheelhouse: only the bundle's wheels."""
     name = start_container("gpu-airgap", wheelhouse=False)
-    yield name, sandbox_inventory(tmp_path / "inventory", name)
+    yield name, small_inventory(tmp_path / "inventory", name)
     stop_container(name)
 
 

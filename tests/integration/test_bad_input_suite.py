@@ -31,7 +31,7 @@ import pytest
 import yaml
 from ansible_collections.gpu_fleet.tf_hosts.plugins.module_utils.gpu_lock import lock_hashes
 from ansible_run import latest_report
-from sandbox_hosts import ROOT, STANDINS, site, start_container, start_converged, stop_container
+from sandbox_hosts import ROOT, STANDINS, link_or_copy, site, start_container, start_converged, stop_container
 from wheelhouse import WHEELHOUSE
 
 TF = {"name": "tf2.12", "tensorflow": "2.12", "cuda": "11.8", "cudnn": "8.6", "package": "tensorflow-cpu"}
@@ -50,7 +50,7 @@ UNNAMED = "cudnn-8.9.2.26-custom-build.zip"  # named like none of NVIDIA's cuDNN
 # lock pins. The message lists the lock's digests of six (first 16 hex digits each).
 WHEEL = "six-1.17.0-py2.py3-none-any.whl"
 WHEEL_HASHES = ", ".join(
-    sorted(d[:16] for d in lock_hashes((ROOT / "data/locks/tensorflow-cpu-2.12.1-py3.11.txt").read_text())["six"][1])
+    sorted(d[:16] for d in lock_hashes((ROOT / "data/locks/tensorflow-2.12.1-py3.11.txt").read_text())["six"][1])
 )
 ALTERED_WHEEL = ((WHEELHOUSE / WHEEL).read_bytes() if (WHEELHOUSE / WHEEL).is_file() else b"not a wheel") + b"\n"
 OUTPUT = ROOT / "build" / "test-output" / "bad-input-suite.log"
@@ -306,7 +306,7 @@ CASES = [
         "lock_missing",
         {"tf_venv_lock_dir": "/nonexistent/locks"},
         (
-            "Stack tf2.12 has no dependency lock: /nonexistent/locks/tensorflow-cpu-2.12.1-py3.11.txt does not exist",
+            "Stack tf2.12 has no dependency lock: /nonexistent/locks/tensorflow-2.12.1-py3.11.txt does not exist",
             "make locks",
             "tf_venv_require_lock: false",
         ),
@@ -332,7 +332,7 @@ CASES = [
         (
             f"{WHEEL} is not the file the lock pins: its sha256 is {_sha256(ALTERED_WHEEL)[:16]}",
             f"the lock lists {WHEEL_HASHES} for six==1.17.0",
-            "(tf_venv_wheelhouse) does not hold the wheels of the lock tensorflow-cpu-2.12.1-py3.11.txt",
+            "(tf_venv_wheelhouse) does not hold the wheels of the lock tensorflow-2.12.1-py3.11.txt",
             "Nothing was pushed to the host",
         ),
     ),
@@ -442,7 +442,8 @@ def _artifacts(tmp: Path) -> tuple[Path, Path]:
     wheelhouse.mkdir()
     (wheelhouse / WHEEL).write_bytes(ALTERED_WHEEL)
     folder = tmp / "artifacts"
-    shutil.copytree(STANDINS, folder, symlinks=True)
+    # Hard links where the file system allows (NVIDIA's real files are gigabytes; nothing here writes to them).
+    shutil.copytree(STANDINS, folder, symlinks=True, copy_function=link_or_copy)
     driver = (folder / "NVIDIA-Linux-x86_64-520.61.05.run").read_bytes()
     (folder / FOLDER).mkdir()
     (folder / PAGE).write_bytes(ERROR_PAGE)

@@ -25,7 +25,8 @@ import ansible_cores
 import pytest
 import yaml
 from ansible_run import latest_report
-from sandbox_hosts import ROOT, STANDINS, sandbox_inventory, site, start_container, stop_container
+from sandbox_hosts import ROOT, SMALL_STANDINS, site, small_inventory, start_container, stop_container
+from snapshots import SMALL_GROUP_VARS
 
 FQCN = "gpu_fleet.tf_hosts"
 BIN = Path(sys.executable).parent
@@ -138,10 +139,14 @@ def converged(installed):
     (inventory / "hosts.yml").write_text(
         f"gpu_hosts:\n  hosts:\n    {name}:\n      ansible_connection: podman_pipelined\n"
     )
-    group_vars = yaml.safe_load((ROOT / "inventories/sandbox/group_vars/gpu_hosts.yml").read_text())
+    # The sandbox's variables with the small stand-ins' (tests/fixtures/inventory/small), the paths
+    # written out: this inventory is the user's own, outside the clone.
+    group_vars = {}
+    for part in sorted((SMALL_GROUP_VARS / "gpu_hosts").glob("*.yml")):
+        group_vars.update(yaml.safe_load(part.read_text()))
     group_vars.update(
-        gpu_artifacts_controller_dir=str(STANDINS),
-        gpu_preflight_manifest_overlays=[str(STANDINS / "artifacts.yml")],
+        gpu_artifacts_controller_dir=str(SMALL_STANDINS),
+        gpu_preflight_manifest_overlays=[str(SMALL_STANDINS / "artifacts.yml")],
         gpu_verify_report_dir=str(work / "reports"),
     )
     (inventory / "group_vars" / "gpu_hosts.yml").write_text(yaml.safe_dump(group_vars))
@@ -203,7 +208,7 @@ def test_a_users_own_playbook_applies_the_roles_by_fqcn(converged, installed):
 @pytest.mark.parametrize("tag", [*PHASES, *ROLE_TAGS])
 def test_each_tag_runs_alone_on_a_provisioned_host(converged, tag, tmp_path):
     assert converged["run"].returncode == 0, "the host was not converged"
-    inventory = sandbox_inventory(tmp_path / "inventory", converged["name"])
+    inventory = small_inventory(tmp_path / "inventory", converged["name"])
     run = site(inventory, "--tags", tag, "-e", f"gpu_verify_report_dir={tmp_path / 'reports'}")
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
     assert _recap(run.stdout)[converged["name"]][1] == 0, "a tag run changed a converged host"
@@ -238,7 +243,7 @@ def test_the_driver_is_not_reinstalled_under_running_jobs(converged, tmp_path):
     ).stdout.strip()
     subprocess.run(["podman", "exec", name, "cp", "/etc/nvidia-standin/gpus.json", "/root/gpus.json.saved"], check=True)
     subprocess.run(["podman", "exec", name, "sh", "-c", f"rm {record} && python3 -c '{BUSY}'"], check=True)
-    inventory = sandbox_inventory(tmp_path / "inventory", converged["name"])
+    inventory = small_inventory(tmp_path / "inventory", converged["name"])
     try:
         run = site(inventory, "--tags", "nvidia_driver")
         assert run.returncode != 0

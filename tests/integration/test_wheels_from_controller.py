@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 from ansible_run import run_playbook
 from sandbox_hosts import ROOT, start_container, stop_container
+from snapshots import SMALL_GROUP_VARS
 from wheelhouse import WHEELHOUSE
 
 DEAD_INDEX = "http://127.0.0.1:9/simple"
@@ -72,7 +73,7 @@ def two_hosts(tmp_path):
     inventory.mkdir()
     hosts = {n: {"ansible_connection": "podman_pipelined"} for n in names}
     (inventory / "hosts.yml").write_text(json.dumps({"gpu_hosts": {"hosts": hosts}}))
-    (inventory / "group_vars").symlink_to(ROOT / "inventories/sandbox/group_vars")
+    (inventory / "group_vars").symlink_to(SMALL_GROUP_VARS)
     yield names, inventory
     for name in names:
         stop_container(name)

@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from ansible_run import run_playbook
 from counting_mirror import CountingMirror
 
-STANDINS = ROOT / "build/standins"
+STANDINS = ROOT / "build/standins-small"
 FILES = [
     "NVIDIA-Linux-x86_64-520.61.05.run",
     "cuda_11.8.0_520.61.05_linux.run",
