@@ -122,7 +122,9 @@ naming" (https://prometheus.io/docs/practices/naming/).
 
 Exit codes: 0 healthy, 1 unhealthy (at least one finding; nvidia-smi hanging past ``--timeout`` is the
 finding ``nvidia_smi``), 2 could not check (nvidia-smi missing or failing, the baseline, the Xid catalog
-or the kernel log unreadable) or a usage error.
+or the kernel log unreadable) or a usage error. nvidia-smi's exit status 9 is reported as "NVIDIA kernel
+module not loaded" with the fix that gpu_parsers gives the preflight module and the verification too, the
+container's steps first in a container (``/run/.containerenv`` or ``/.dockerenv``).
 ``--record-baseline``: 0 written, 2 refused, could not observe or not written, or a usage error.
 
 Sources: nvidia-smi(1) (https://docs.nvidia.com/deploy/nvidia-smi/index.html) and ``nvidia-smi
@@ -220,7 +222,7 @@ FIX_HANG = (
     "A hanging nvidia-smi usually means a GPU in a bad state: look for Xid 79, 119 or 120 in "
     "`journalctl -k`, then drain the host and reset the GPU (`nvidia-smi -r`) or reboot."
 )
-FIX_NVIDIA_SMI_FAILED = "Run the command by hand and read its message; exit status 9 means the driver is not loaded (reboot after an install)."
+FIX_NVIDIA_SMI_FAILED = "Run the command by hand and read its message, and look for NVRM lines in `journalctl -k`."
 NO_BASELINE = (
     "no baseline at {path} yet: the host has not passed a verification (playbooks/verify.yml records one "
     "when it passes), so the GPU count and the PCI bus are not judged"
@@ -357,9 +359,25 @@ def query_command(nvidia_smi: str, fields: Sequence[str]) -> list[str]:
     return [nvidia_smi, "--query-gpu=" + ",".join(fields), "--format=csv,noheader,nounits"]
 
 
-def query_gpus(nvidia_smi: str, timeout: float) -> tuple[list[dict[str, Any]] | None, dict[str, Any] | None]:
+def smi_failed(
+    command: str, rc: int, output: str, markers: Sequence[str] = gpu_parsers.CONTAINER_MARKERS
+) -> CouldNotCheck:
+    """Why nvidia-smi failed and what to do: exit 9 is named and fixed in gpu_parsers (MODULE_NOT_LOADED,
+    module_not_loaded_fix), the container's steps first where one of ``markers`` exists (a container)."""
+    if rc == gpu_parsers.NVIDIA_SMI_MODULE_NOT_LOADED_RC:
+        fix = gpu_parsers.module_not_loaded_fix(gpu_parsers.in_container(markers))
+        return CouldNotCheck(
+            f"`{command}` failed with exit status {rc} ({gpu_parsers.MODULE_NOT_LOADED}): {tail(output)}", fix
+        )
+    return CouldNotCheck(f"`{command}` failed with exit status {rc}: {tail(output)}", FIX_NVIDIA_SMI_FAILED)
+
+
+def query_gpus(
+    nvidia_smi: str, timeout: float, markers: Sequence[str] = gpu_parsers.CONTAINER_MARKERS
+) -> tuple[list[dict[str, Any]] | None, dict[str, Any] | None]:
     """The GPUs as ``gpu_parsers.parse_health_query`` gives them, and None; or None and
-    ``{"library_version", "output"}`` when NVML reports a driver/library version mismatch.
+    ``{"library_version", "output"}`` when NVML reports a driver/library version mismatch. ``markers``:
+    the files that tell a container (gpu_parsers.CONTAINER_MARKERS), for exit 9's fix.
 
     Raises:
         CouldNotCheck: nvidia-smi is missing, hangs, fails otherwise or answers in an unknown form.
@@ -374,8 +392,7 @@ def query_gpus(nvidia_smi: str, timeout: float) -> tuple[list[dict[str, Any]] | 
         version = NVML_LIBRARY_VERSION.search(output)
         return None, {"library_version": version.group(1) if version else None, "output": tail(output, 200)}
     if result.rc != 0 and NO_DEVICES not in output.lower():
-        command = " ".join(query_command(nvidia_smi, fields))
-        raise CouldNotCheck(f"`{command}` failed with exit status {result.rc}: {tail(output)}", FIX_NVIDIA_SMI_FAILED)
+        raise smi_failed(" ".join(query_command(nvidia_smi, fields)), result.rc, output, markers)
     try:
         return gpu_parsers.parse_health_query(result.stdout, fields), None
     except ValueError as exc:

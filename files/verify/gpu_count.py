@@ -9,7 +9,9 @@ and reads it with ``gpu_parsers.parse_query_gpu`` (the parser the ``nvidia_gpu_f
 given this script's shorter field list).  Field meanings and the ``", "``-separated, unit-less
 format: ``nvidia-smi --help-query-gpu``; ``memory.total`` is MiB.  Exit statuses of nvidia-smi (6 = "A query to find an object was unsuccessful", 9 = "NVIDIA
 driver is not loaded", 15 = "The GPU has fallen off the bus", ...) come from the nvidia-smi(1) man
-page, section RETURN VALUE.
+page, section RETURN VALUE; exit 9 is named and fixed in gpu_parsers (``MODULE_NOT_LOADED``,
+``module_not_loaded_fix``), as in the preflight module and the health check, with the container's
+steps first in a container (``gpu_parsers.in_container``).
 
 When ``lspci`` is available, NVIDIA display/3D controllers on the PCI bus (``lspci -D -n -d
 10de:``, classes 0300 and 0302) are compared with nvidia-smi's bus IDs, so a GPU that is on the
@@ -38,7 +40,17 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from gpu_parsers import COMPUTE_APPS_FIELDS, parse_compute_apps, parse_lspci, parse_proc_driver_version, parse_query_gpu
+from gpu_parsers import (
+    COMPUTE_APPS_FIELDS,
+    MODULE_NOT_LOADED,
+    NVIDIA_SMI_MODULE_NOT_LOADED_RC,
+    in_container,
+    module_not_loaded_fix,
+    parse_compute_apps,
+    parse_lspci,
+    parse_proc_driver_version,
+    parse_query_gpu,
+)
 from verify_common import EXIT_CHECK_FAILED, EXIT_OK, Problem, dumps, non_negative_int, problem, tail
 
 # A subset of gpu_parsers.QUERY_FIELDS (the module's list): these work with any driver, also one
@@ -52,7 +64,7 @@ NVIDIA_SMI_EXIT_MEANINGS = {
     4: "the current user does not have permission to access this device",
     6: "a query to find an object was unsuccessful (no GPU found)",
     8: "a device's external power cables are not properly attached",
-    9: "NVIDIA driver is not loaded",
+    NVIDIA_SMI_MODULE_NOT_LOADED_RC: MODULE_NOT_LOADED,
     10: "NVIDIA kernel detected an interrupt issue with a GPU",
     12: "NVML shared library couldn't be found or loaded",
     13: "local version of NVML doesn't implement this function",
@@ -145,10 +157,15 @@ def count_problem(expected: int, seen: int, missing_bus_ids: Sequence[str] = ())
 
 
 def failure_problem(
-    nvidia_smi: str, result: CommandResult, expected: int, module_version: str | None = None
+    nvidia_smi: str,
+    result: CommandResult,
+    expected: int,
+    module_version: str | None = None,
+    container: bool = False,
 ) -> Problem:
     """Describe why nvidia-smi gave no usable answer (not found, timeout, non-zero exit).
-    ``module_version`` is the loaded kernel module's version when known (for the mismatch case)."""
+    ``module_version`` is the loaded kernel module's version when known (for the mismatch case);
+    ``container`` puts the container's steps first in exit 9's fix."""
     if result.error == "not-found":
         return problem(
             "gpu_count",
@@ -175,12 +192,8 @@ def failure_problem(
             "`dmesg | grep -i nvrm` (a GPU the driver does not support, or one that fell off the "
             "bus), reseat/reset it or fix gpu_verify_expected_gpu_count",
         )
-    if result.rc == 9:
-        fix = (
-            "load the kernel module (`modprobe nvidia`; see `dmesg | grep -i nvrm`), or reboot "
-            "after a driver install/upgrade; check that nouveau is blacklisted and Secure Boot "
-            "accepts the module"
-        )
+    if result.rc == NVIDIA_SMI_MODULE_NOT_LOADED_RC:
+        fix = module_not_loaded_fix(container)
     elif result.rc == 15:
         fix = "a GPU fell off the bus: check `dmesg | grep -i xid`, reset or reseat it, then reboot"
     else:
@@ -240,6 +253,7 @@ def evaluate(
     nvidia_smi: str = "nvidia-smi",
     pci_bus_ids: Sequence[str] | None = None,
     module_version: str | None = None,
+    container: bool = False,
 ) -> dict[str, Any]:
     """Turn nvidia-smi's answer into the result document (pure: no I/O).
 
@@ -251,6 +265,8 @@ def evaluate(
             was not run.
         module_version: the loaded kernel module's version (``/proc/driver/nvidia/version``), or
             None when unknown; a value that differs from nvidia-smi's driver version is a problem.
+        container: whether this runs in a container (``gpu_parsers.in_container``): the
+            container's steps come first in the fix for exit 9.
     """
     doc = _new_doc(expected, pci_bus_ids, module_version)
     no_devices = "no devices were found" in (result.stdout + result.stderr).lower()
@@ -258,7 +274,7 @@ def evaluate(
         doc["ok"] = True
         return doc
     if result.rc != 0 or no_devices:
-        found = failure_problem(nvidia_smi, result, expected, module_version)
+        found = failure_problem(nvidia_smi, result, expected, module_version, container)
         doc["error"] = found["cause"]
         doc["problems"].append(found)
         if pci_bus_ids:
@@ -319,7 +335,8 @@ def check_gpus(
         lspci: lspci path or name, or None to skip the PCI cross-check.
     """
     result = run_command(build_command(nvidia_smi), timeout)
-    return evaluate(expected, result, nvidia_smi, lspci_bus_ids(lspci, timeout), loaded_module_version())
+    pci_bus_ids = lspci_bus_ids(lspci, timeout)
+    return evaluate(expected, result, nvidia_smi, pci_bus_ids, loaded_module_version(), in_container())
 
 
 def busy_gpus_text(text: str, devices: Sequence[dict[str, Any]]) -> str | None:

@@ -6,7 +6,7 @@ filters, the verification scripts in files/verify (gpu_verify copies this file b
 they import it as ``gpu_parsers``) and the health check in files/health. Standard library only,
 Python 3.8+.
 No function here runs a command or reads a file, so each one is tested with canned output
-(tests/fixtures/nvidia_smi/).
+(tests/fixtures/nvidia_smi/); only :func:`in_container` looks whether two marker files exist.
 
 Every PCI bus ID comes out in one form, the one ``lspci -D`` prints: lower-case ``dddd:bb:dd.f``
 (:func:`normalize_bus_id`), whether it came from nvidia-smi (``00000000:17:00.0``), ``lspci``
@@ -78,6 +78,15 @@ Sources for the formats (all public):
   https://github.com/stas00/ml-engineering, ``compute/accelerator/nvidia/debug.md``). ``dmesg`` and
   ``journalctl -k -o short-monotonic`` put the seconds since boot in brackets in front
   (journalctl(1), ``--output``).
+- nvidia-smi's exit status 9 (:data:`MODULE_NOT_LOADED`, :func:`module_not_loaded_fix`): the nvidia-smi(1)
+  man page, RETURN VALUE ("NVIDIA driver is not loaded"); nvidia-smi 535.261.03 (Debian 12's nvidia-smi and
+  libnvidia-ml1 packages) answers every command with exit 9 and ``NVIDIA-SMI has failed because it couldn't
+  communicate with the NVIDIA driver. Make sure that the latest NVIDIA driver is installed and running.`` where
+  no NVIDIA kernel module is loaded. The container markers: podman-run(1), DESCRIPTION (``/run/.containerenv``
+  "to indicate to programs they are running in a container"), and Docker's ``SetupInitLayer``, which creates
+  ``/.dockerenv`` (https://github.com/moby/moby, ``daemon/initlayer/setup_unix.go``). Passing GPUs into a
+  container: NVIDIA Container Toolkit, "Support for Container Device Interface"
+  (https://docs.nvidia.com/datacenter/cloud-native/container-toolkit/latest/cdi-support.html).
 - ``dcgmi diag -r <level> -j`` (:func:`parse_dcgmi_diag`): the JSON that dcgmi's ``Diag.cpp`` builds in
   NVIDIA's DCGM repository (https://github.com/NVIDIA/DCGM, ``dcgmi/Diag.cpp``, key names in
   ``nvvs/include/NvvsJsonStrings.h``, schemas in ``testing/python3/dcgm_diag_schema.json``), in the
@@ -98,8 +107,9 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 # The module's --query-gpu fields. The order of the fields is the order of the CSV columns; callers
@@ -149,6 +159,21 @@ HEALTH_FIELDS: tuple[str, ...] = (
 )
 HEALTH_FIELDS_THROTTLE_NAMES: tuple[str, ...] = tuple(
     field.replace("clocks_event_reasons.", "clocks_throttle_reasons.") for field in HEALTH_FIELDS
+)
+
+# nvidia-smi's exit status 9, what it means, and where a process learns that it runs in a container
+# (podman, Docker); sources in the module docstring.
+NVIDIA_SMI_MODULE_NOT_LOADED_RC = 9
+MODULE_NOT_LOADED = "NVIDIA kernel module not loaded"
+CONTAINER_MARKERS: tuple[str, ...] = ("/run/.containerenv", "/.dockerenv")
+# The two halves of the fix: the one for where the check runs comes first and names the module in full.
+_FIX_ON_A_HOST = (
+    "on a host, load {module} (`modprobe nvidia`, see `dmesg | grep -i nvrm`) or reboot after a driver install "
+    "or upgrade, and check that nouveau is blacklisted and Secure Boot accepts the module"
+)
+_FIX_IN_A_CONTAINER = (
+    "in a container {module} belongs to the host's kernel, so load it on the host and pass the GPUs into the "
+    "container (NVIDIA Container Toolkit: CDI `--device nvidia.com/gpu=all`, or the `/dev/nvidia*` device files)"
 )
 
 NVIDIA_VENDOR_ID = "10de"
@@ -640,6 +665,19 @@ def parse_proc_driver_version(text: str | None) -> str | None:
             if _VERSION.match(token):
                 return token
     return None
+
+
+def module_not_loaded_fix(container: bool = False) -> str:
+    """The fix for nvidia-smi's exit status 9 (:data:`MODULE_NOT_LOADED`), one sentence for a host and a
+    container alike: the container's half first when ``container`` (see :func:`in_container`)."""
+    first, second = (_FIX_IN_A_CONTAINER, _FIX_ON_A_HOST) if container else (_FIX_ON_A_HOST, _FIX_IN_A_CONTAINER)
+    text = f"{first.format(module='the NVIDIA kernel module')}; {second.format(module='the module')}."
+    return text[:1].upper() + text[1:]
+
+
+def in_container(markers: Sequence[str] = CONTAINER_MARKERS) -> bool:
+    """Whether one of the container engines' marker files exists (:data:`CONTAINER_MARKERS`)."""
+    return any(os.path.exists(path) for path in markers)
 
 
 def parse_health_query(text: str, fields: tuple[str, ...] | list[str] = HEALTH_FIELDS) -> list[dict[str, Any]]:

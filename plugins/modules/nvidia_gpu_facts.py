@@ -15,9 +15,11 @@ description:
     --format=csv,noheader,nounits) and C(nvidia-smi topo -m), and lists the PCI bus from sysfs
     (O(pci_devices_path)), or with C(lspci -D -nn) when sysfs cannot be read."
   - Sets C(ansible_facts['gpu_facts']). Changes nothing on the host.
-  - Works before the driver is installed. When nvidia-smi is missing or fails (driver not loaded, exit 9;
-    C(No devices were found), exit 6) the GPUs are listed from the PCI bus instead,
+  - Works before the driver is installed. When nvidia-smi is missing or fails (NVIDIA kernel module not loaded,
+    exit 9; C(No devices were found), exit 6) the GPUs are listed from the PCI bus instead,
     and RV(ansible_facts.gpu_facts.errors) says what failed and how to fix it.
+  - The fix for exit 9 covers a host and a container; in a container (C(/run/.containerenv) or C(/.dockerenv)
+    exists) it names the container's steps first.
   - The PCI bus is read even when nvidia-smi works, to name GPUs that are on the bus but invisible to the
     driver (a GPU that fell off the bus, or one bound to vfio-pci or nouveau).
   - Never fails because a tool is missing or fails. Fails only when a tool exits 0 but prints output this
@@ -309,8 +311,13 @@ ansible_facts:
           type: list
           elements: str
           sample:
-            - "nvidia-smi --query-gpu exited 9: NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA
-              driver. The NVIDIA kernel module is not loaded: install the driver, or load it with `modprobe nvidia`."
+            - "/usr/bin/nvidia-smi --query-gpu exited 9: NVIDIA-SMI has failed because it couldn't communicate with
+              the NVIDIA driver. Make sure that the latest NVIDIA driver is installed and running. NVIDIA kernel module
+              not loaded: on a host, load the NVIDIA kernel module (`modprobe nvidia`, see `dmesg | grep -i nvrm`) or
+              reboot after a driver install or upgrade, and check that nouveau is blacklisted and Secure Boot accepts
+              the module; in a container the module belongs to the host's kernel, so load it on the host and pass the
+              GPUs into the container (NVIDIA Container Toolkit: CDI `--device nvidia.com/gpu=all`, or the
+              `/dev/nvidia*` device files)."
 """
 
 import os  # noqa: E402  (imports follow the documentation blocks, as ansible-test validate-modules requires)
@@ -318,7 +325,11 @@ from typing import TYPE_CHECKING, Any, Optional  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 from ansible_collections.gpu_fleet.tf_hosts.plugins.module_utils.gpu_parsers import (  # noqa: E402
+    MODULE_NOT_LOADED,
+    NVIDIA_SMI_MODULE_NOT_LOADED_RC,
     QUERY_FIELDS,
+    in_container,
+    module_not_loaded_fix,
     nvlink_pairs,
     nvswitch_in_topology,
     parse_lspci,
@@ -343,14 +354,21 @@ PROC_DRIVER_VERSION = "/proc/driver/nvidia/version"
 PCI_DEVICE_FILES = ("vendor", "device", "class")
 EXIT_TIMED_OUT = 124  # what coreutils and busybox `timeout` return
 
-# nvidia-smi exit codes (nvidia-smi(1), RETURN VALUE) and what an administrator does about each.
+
+def module_not_loaded_hint(container: bool = False) -> str:
+    """Exit 9's hint: gpu_parsers' meaning and fix, the container's half of the fix first when ``container``."""
+    fix = module_not_loaded_fix(container)
+    return f"{MODULE_NOT_LOADED}: {fix[:1].lower()}{fix[1:]}"
+
+
+# nvidia-smi exit codes (nvidia-smi(1), RETURN VALUE) and what an administrator does about each; exit 9's hint
+# is the host's (query_nvidia_smi puts the container's first in a container).
 NVIDIA_SMI_HINTS = {
     2: "nvidia-smi rejected the query; drivers older than R510 do not know compute_cap, so upgrade the driver.",
     3: "This GPU or driver does not support the query.",
     4: "Run the task with become: true; this user may not query the GPUs.",
     6: "The driver is loaded but sees no GPU: compare with `lspci -nn -d 10de:` and look for NVRM errors in `dmesg`.",
-    9: "The NVIDIA kernel module is not loaded: install the driver, or load it with `modprobe nvidia` "
-    "(reboot first if nouveau holds the GPU).",
+    NVIDIA_SMI_MODULE_NOT_LOADED_RC: module_not_loaded_hint(),
     12: "libnvidia-ml.so is missing: reinstall the driver so its user-space libraries match the kernel module.",
     15: "A GPU has fallen off the bus: look for Xid 79 in `dmesg` and power-cycle the host.",
     EXIT_TIMED_OUT: "nvidia-smi hung, which usually means a GPU in a bad state: check `dmesg` for Xid errors.",
@@ -386,12 +404,16 @@ def _parse(command: Sequence[str], output: str, parser: Callable[[str], Any]) ->
         raise OutputFormatError(command, output, exc) from exc
 
 
-def query_nvidia_smi(run: Runner, nvidia_smi: str, errors: list[str]) -> tuple[list[dict[str, Any]] | None, int]:
-    """Run the --query-gpu command; return (GPUs or None when it failed, exit status)."""
+def query_nvidia_smi(
+    run: Runner, nvidia_smi: str, errors: list[str], container: bool = False
+) -> tuple[list[dict[str, Any]] | None, int]:
+    """Run the --query-gpu command; return (GPUs or None when it failed, exit status). ``container``: this
+    runs in a container (gpu_parsers.in_container), whose steps come first in exit 9's fix."""
     command = [nvidia_smi, "--query-gpu=" + ",".join(QUERY_FIELDS), "--format=csv,noheader,nounits"]
     rc, stdout, stderr = run(command)
     if rc != 0:
-        errors.append(_failure(f"{nvidia_smi} --query-gpu", rc, stdout, stderr, NVIDIA_SMI_HINTS.get(rc, "")))
+        hints = {**NVIDIA_SMI_HINTS, NVIDIA_SMI_MODULE_NOT_LOADED_RC: module_not_loaded_hint(container)}
+        errors.append(_failure(f"{nvidia_smi} --query-gpu", rc, stdout, stderr, hints.get(rc, "")))
         return None, rc
     return sorted(_parse(command, stdout, parse_query_gpu), key=lambda gpu: gpu["index"]), rc
 
@@ -417,7 +439,7 @@ def query_lspci(run: Runner, lspci: str, errors: list[str]) -> tuple[list[dict[s
 
 
 def _smi_facts(
-    run: Runner, find: Finder, nvidia_smi: str, errors: list[str]
+    run: Runner, find: Finder, nvidia_smi: str, errors: list[str], container: bool = False
 ) -> tuple[list[dict[str, Any]] | None, int | None, dict[str, dict[str, str]]]:
     """GPUs (None when nvidia-smi is missing or failed), its exit status and the ``topo -m`` matrix."""
     smi_path = find(nvidia_smi)
@@ -427,7 +449,7 @@ def _smi_facts(
             "or set nvidia_smi_path to where it is."
         )
         return None, None, {}
-    gpus, smi_rc = query_nvidia_smi(run, smi_path, errors)
+    gpus, smi_rc = query_nvidia_smi(run, smi_path, errors, container)
     return gpus, smi_rc, query_topology(run, smi_path, errors) if gpus else {}
 
 
@@ -492,18 +514,20 @@ def gather_gpu_facts(
     lspci: str = "lspci",
     proc_driver_version: str | None = None,
     sysfs: tuple[Mapping[str, Mapping[str, str]] | None, str] = (None, ""),
+    container: bool = False,
 ) -> dict[str, Any]:
     """Build the gpu_facts dict; all I/O goes through run and find, so tests pass fakes.
 
     proc_driver_version is the text of /proc/driver/nvidia/version, or None when it does not exist.
     sysfs is what :func:`read_pci_devices` returned; the default (None, "") means "not read" and
-    lists the PCI bus with lspci, without an error.
+    lists the PCI bus with lspci, without an error. container says whether this runs in a container
+    (gpu_parsers.in_container), for the order of exit 9's fix.
 
     Raises:
         OutputFormatError: a tool succeeded but its output could not be parsed.
     """
     errors: list[str] = []
-    gpus, smi_rc, topology = _smi_facts(run, find, nvidia_smi, errors)
+    gpus, smi_rc, topology = _smi_facts(run, find, nvidia_smi, errors, container)
     pci_source, pci_gpus, nvswitches = _pci_facts(run, find, lspci, sysfs, errors)
 
     missing: list[str] = []
@@ -621,6 +645,7 @@ def main() -> None:
             params["lspci_path"],
             read_proc_driver_version(),
             read_pci_devices(params["pci_devices_path"]),
+            in_container(),
         )
     except OutputFormatError as exc:
         module.fail_json(

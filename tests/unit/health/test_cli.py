@@ -14,12 +14,15 @@ from pathlib import Path
 from typing import Any
 
 import gpu_health
+import gpu_parsers
 import pytest
 from gpu_parsers import HEALTH_FIELDS
 
 ROOT = Path(__file__).resolve().parents[3]
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 SCRIPT = ROOT / "files" / "health" / "gpu_health.py"
+# Debian 12's nvidia-smi 535.261.03 on a machine without the NVIDIA kernel module (tests/fixtures/nvidia_smi/README.md).
+REAL_NO_MODULE = ROOT / "tests" / "fixtures" / "nvidia_smi" / "real-535.261.03-no-module"
 
 STANDIN = """
 import json
@@ -53,6 +56,23 @@ sys.exit(2)
 
 def fixture_text(name: str) -> str:
     return (FIXTURES / name).read_text(encoding="utf-8")
+
+
+def real_capture(file: str) -> tuple[int, str]:
+    """(exit status, stdout) of one real capture, as commands.json records it."""
+    entry = json.loads((REAL_NO_MODULE / "commands.json").read_text(encoding="utf-8"))["commands"][file]
+    return entry["rc"], (REAL_NO_MODULE / file).read_text(encoding="utf-8")
+
+
+def real_nvidia_smi(tmp_path: Path, file: str) -> str:
+    """An nvidia-smi that answers any command line with one real capture, byte for byte, and its exit status."""
+    rc, _ = real_capture(file)
+    path = tmp_path / "real" / "nvidia-smi"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    answer = f"import sys\nsys.stdout.write(open({str(REAL_NO_MODULE / file)!r}).read())\nsys.exit({rc})\n"
+    path.write_text(f"#!{sys.executable}\n{answer}", encoding="utf-8")
+    path.chmod(0o755)
+    return str(path)
 
 
 def smi_config(
@@ -203,14 +223,9 @@ def test_a_driver_library_mismatch_is_unhealthy(tmp_path: Path) -> None:
     ("config", "extra", "expected"),
     [
         (
-            {
-                "fail": {
-                    "rc": 9,
-                    "output": "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.",
-                }
-            },
+            {"fail": dict(zip(("rc", "output"), real_capture("query-gpu-health.txt")))},
             [],
-            "exit status 9",
+            "exit status 9 (NVIDIA kernel module not loaded): NVIDIA-SMI has failed because it couldn't",
         ),
         ({}, ["--baseline", "/"], "The baseline / could not be read"),
     ],
@@ -219,6 +234,42 @@ def test_could_not_check_exits_2(tmp_path: Path, config: dict[str, Any], extra: 
     done, _ = run(tmp_path, {**smi_config(), **config}, *extra)
     assert done.returncode == 2 and expected in done.stdout, done.stdout + done.stderr
     assert "gpu_fleet_health_up 0" in metrics(tmp_path)
+    if "fail" in config:  # the fix covers a host and a container, whichever this test runs in
+        (fix,) = [line for line in done.stdout.splitlines() if line.startswith("  Fix: ")]
+        assert fix == "  Fix: " + gpu_parsers.module_not_loaded_fix(gpu_parsers.in_container())
+
+
+@pytest.mark.parametrize("container", [False, True])
+def test_exit_9_is_the_kernel_module_not_loaded(tmp_path: Path, container: bool) -> None:
+    """The real answer to the health query where no kernel module is loaded, with gpu_parsers' words and fix
+    (the preflight module's and the verification's); the container's steps first where a marker file exists."""
+    marker = tmp_path / "containerenv"
+    if container:
+        marker.write_text("", encoding="utf-8")
+    nvidia_smi = real_nvidia_smi(tmp_path, "query-gpu-health.txt")
+    with pytest.raises(gpu_health.CouldNotCheck) as caught:
+        gpu_health.query_gpus(nvidia_smi, 30.0, markers=[str(marker)])
+    command = " ".join(gpu_health.query_command(nvidia_smi, HEALTH_FIELDS))
+    assert caught.value.cause == (
+        f"`{command}` failed with exit status 9 (NVIDIA kernel module not loaded): NVIDIA-SMI has failed because "
+        "it couldn't communicate with the NVIDIA driver. Make sure that the latest NVIDIA driver is installed and running."
+    )
+    assert caught.value.fix == gpu_parsers.module_not_loaded_fix(container)
+    host_step, container_step = (
+        caught.value.fix.index("`modprobe nvidia`"),
+        caught.value.fix.index("nvidia.com/gpu=all"),
+    )
+    assert (container_step < host_step) is container
+
+
+def test_another_failure_keeps_the_general_fix(tmp_path: Path) -> None:
+    """The real answer without libnvidia-ml (exit 12) is not exit 9's: run it by hand."""
+    nvidia_smi = real_nvidia_smi(tmp_path, "no-libnvidia-ml/query-gpu-health.txt")
+    with pytest.raises(gpu_health.CouldNotCheck) as caught:
+        gpu_health.query_gpus(nvidia_smi, 30.0, markers=[])
+    assert "failed with exit status 12: NVIDIA-SMI couldn't find libnvidia-ml.so library" in caught.value.cause
+    assert "kernel module" not in caught.value.cause
+    assert caught.value.fix == gpu_health.FIX_NVIDIA_SMI_FAILED
 
 
 def test_missing_nvidia_smi_exits_2(tmp_path: Path) -> None:

@@ -13,6 +13,8 @@ from typing import Any
 import pytest
 
 VERIFY_DIR = Path(__file__).resolve().parents[3] / "files" / "verify"
+# Debian 12's nvidia-smi 535.261.03 on a machine without the NVIDIA kernel module (tests/fixtures/nvidia_smi/README.md).
+REAL_NO_MODULE = Path(__file__).resolve().parents[3] / "tests" / "fixtures" / "nvidia_smi" / "real-535.261.03-no-module"
 sys.path.insert(0, str(VERIFY_DIR))
 
 import gpu_count
@@ -162,12 +164,36 @@ def test_no_devices_found_exit_6() -> None:
     assert "No devices were found" in cause and "exit 6" in cause
 
 
-def test_driver_not_loaded_exit_9() -> None:
-    text = "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\n"
-    doc = gpu_count.evaluate(2, CommandResult(9, text, "", None))
-    cause, fix = doc["problems"][0]["cause"], doc["problems"][0]["fix"]
-    assert "exit 9" in cause and "driver is not loaded" in cause
-    assert "modprobe nvidia" in fix
+def real_answer(file: str) -> CommandResult:
+    """One real capture as run_command gives it (exit status from commands.json)."""
+    entry = json.loads((REAL_NO_MODULE / "commands.json").read_text(encoding="utf-8"))["commands"][file]
+    stderr = (REAL_NO_MODULE / entry["stderr"]).read_text(encoding="utf-8") if entry["stderr"] else ""
+    return CommandResult(entry["rc"], (REAL_NO_MODULE / file).read_text(encoding="utf-8"), stderr, None)
+
+
+@pytest.mark.parametrize("container", [False, True])
+def test_driver_not_loaded_exit_9(container: bool) -> None:
+    """The real answer to gpu_count's query (the module's fields, of which gpu_count asks a part: the same
+    answer) where no kernel module is loaded; the fix is gpu_parsers', the container's steps first in one."""
+    assert set(gpu_count.QUERY_FIELDS) <= set(gpu_parsers.QUERY_FIELDS)
+    doc = gpu_count.evaluate(2, real_answer("query-gpu.txt"), container=container)
+    assert doc["ok"] is False and doc["seen"] == 0
+    (found,) = doc["problems"]
+    assert found["cause"] == (
+        "nvidia-smi failed with exit 9 (NVIDIA kernel module not loaded): NVIDIA-SMI has failed because it couldn't "
+        "communicate with the NVIDIA driver. Make sure that the latest NVIDIA driver is installed and running."
+    )
+    assert found["fix"] == gpu_parsers.module_not_loaded_fix(container)
+    host_step, container_step = found["fix"].index("`modprobe nvidia`"), found["fix"].index("nvidia.com/gpu=all")
+    assert (container_step < host_step) is container
+    assert gpu_count.NVIDIA_SMI_EXIT_MEANINGS[9] == "NVIDIA kernel module not loaded"
+
+
+def test_check_gpus_looks_whether_it_runs_in_a_container(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(gpu_count, "run_command", lambda argv, timeout: real_answer("query-gpu.txt"))
+    monkeypatch.setattr(gpu_count, "in_container", lambda: True)
+    doc = gpu_count.check_gpus(2, lspci=None)
+    assert doc["problems"][0]["fix"] == gpu_parsers.module_not_loaded_fix(True)
 
 
 def test_nvidia_smi_not_found_and_timeout() -> None:

@@ -19,6 +19,8 @@ from ansible_collections.gpu_fleet.tf_hosts.plugins.modules import nvidia_gpu_fa
 
 ROOT = Path(__file__).resolve().parents[4]
 FIXTURES = ROOT / "tests" / "fixtures" / "nvidia_smi"
+# Debian 12's nvidia-smi 535.261.03 on a machine without the NVIDIA kernel module (its README section).
+REAL_NO_MODULE = FIXTURES / "real-535.261.03-no-module"
 
 QUERY_ARG = "--query-gpu=" + ",".join(gpu_parsers.QUERY_FIELDS)
 DRIVER_NOT_LOADED = 9
@@ -27,6 +29,13 @@ NO_DEVICES = 6
 
 def fixture(case: str, name: str) -> str:
     return (FIXTURES / case / name).read_text(encoding="utf-8")
+
+
+def real_answer(file: str) -> tuple[int, str, str]:
+    """(exit status, stdout, stderr) of one real capture, as commands.json records it."""
+    entry = json.loads((REAL_NO_MODULE / "commands.json").read_text(encoding="utf-8"))["commands"][file]
+    stderr = (REAL_NO_MODULE / entry["stderr"]).read_text(encoding="utf-8") if entry["stderr"] else ""
+    return entry["rc"], (REAL_NO_MODULE / file).read_text(encoding="utf-8"), stderr
 
 
 def canned(case: str) -> dict[str, str]:
@@ -489,11 +498,10 @@ def test_gather_gpu_missing_from_nvidia_smi() -> None:
 
 
 def test_gather_no_driver_falls_back_to_lspci() -> None:
-    files = canned("no-driver")
-    host = FakeHost(
-        dict(ALL_TOOLS),
-        {"query": (DRIVER_NOT_LOADED, files["smi-error"], ""), "lspci": (0, files["lspci"], "")},
-    )
+    """The real 535.261.03 answer to the module's own query where no kernel module is loaded (exit 9)."""
+    answer = real_answer("query-gpu.txt")
+    assert answer[0] == DRIVER_NOT_LOADED
+    host = FakeHost(dict(ALL_TOOLS), {"query": answer, "lspci": (0, canned("no-driver")["lspci"], "")})
     facts = facts_module.gather_gpu_facts(host.run, host.find)
     assert facts["source"] == "lspci"
     assert facts["driver_loaded"] is False
@@ -505,10 +513,40 @@ def test_gather_no_driver_falls_back_to_lspci() -> None:
     assert facts["missing_from_nvidia_smi"] == []
     assert facts["topology"] == {}
     (error,) = facts["errors"]
-    assert error.startswith("/usr/bin/nvidia-smi --query-gpu exited 9: NVIDIA-SMI has failed because it couldn't")
-    assert "modprobe nvidia" in error
+    assert error == (
+        "/usr/bin/nvidia-smi --query-gpu exited 9: NVIDIA-SMI has failed because it couldn't communicate with the "
+        "NVIDIA driver. Make sure that the latest NVIDIA driver is installed and running. "
+        "NVIDIA kernel module not loaded: on a host, load the NVIDIA kernel module (`modprobe nvidia`, see "
+        "`dmesg | grep -i nvrm`) or reboot after a driver install or upgrade, and check that nouveau is blacklisted "
+        "and Secure Boot accepts the module; in a container the module belongs to the host's kernel, so load it on "
+        "the host and pass the GPUs into the container (NVIDIA Container Toolkit: CDI `--device nvidia.com/gpu=all`, "
+        "or the `/dev/nvidia*` device files)."
+    )
     # topo -m is not tried once the query failed.
     assert [command[1] for command in host.commands] == [QUERY_ARG, "-D"]
+
+
+@pytest.mark.parametrize("container", [False, True])
+def test_exit_9_names_the_module_with_the_shared_fix(container: bool) -> None:
+    """The words and the fix are gpu_parsers', the same as the verification's and the health check's; in a
+    container the container's steps come first."""
+    host = FakeHost(dict(ALL_TOOLS), {"query": real_answer("query-gpu.txt"), "lspci": (0, "", "")})
+    (error, *_) = facts_module.gather_gpu_facts(host.run, host.find, container=container)["errors"]
+    fix = gpu_parsers.module_not_loaded_fix(container)
+    assert error.endswith(f". NVIDIA kernel module not loaded: {fix[:1].lower()}{fix[1:]}")
+    host_step, container_step = error.index("`modprobe nvidia`"), error.index("`--device nvidia.com/gpu=all`")
+    assert (container_step < host_step) is container
+    assert facts_module.NVIDIA_SMI_HINTS[9] == facts_module.module_not_loaded_hint(False)
+
+
+@pytest.mark.parametrize(("container", "first"), [(False, "on a host, load"), (True, "in a container the NVIDIA")])
+def test_main_looks_whether_it_runs_in_a_container(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], container: bool, first: str
+) -> None:
+    host = FakeHost(dict(ALL_TOOLS), {"query": real_answer("query-gpu.txt"), "lspci": (0, "", "")})
+    monkeypatch.setattr(facts_module, "in_container", lambda: container)
+    facts = run_main(monkeypatch, capsys, {}, host)["ansible_facts"]["gpu_facts"]
+    assert f"NVIDIA kernel module not loaded: {first}" in facts["errors"][0]
 
 
 def test_gather_no_devices_means_driver_loaded() -> None:
