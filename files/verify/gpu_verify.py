@@ -11,9 +11,12 @@ Steps, in order:
 1. ``gpu_count``: GPUs seen by nvidia-smi (and lspci) against ``--expected-gpus``; the driver
    version nvidia-smi reports against ``--expect-driver``; with ``--expect-fabricmanager`` (an
    NVSwitch host), the fabric manager runs at the driver's version (``fabricmanager.py``).
-2. ``libraries`` (in this process, ctypes only, no TensorFlow): libcuda, libcudart, libcudnn
-   as really loaded, against the pins; driver CUDA version >= runtime. ``lock``: the venv's
-   distributions against its dependency lock, ``--lock`` (``venv_lock.py``).
+2. ``libraries`` (ctypes only, no TensorFlow, in a child process of this interpreter: a library
+   that aborts, as cuDNN does when it cannot load a sub-library, is reported, not fatal): libcuda,
+   libcudart, libcudnn as really loaded, against the pins; driver CUDA version >= runtime.  Without
+   a usable GPU the runtime's version comes from its file name and the record's ``note`` says why
+   (``libraries.py``).  ``lock``: the venv's distributions against its dependency lock, ``--lock``
+   (``venv_lock.py``).
 3. ``fit.py`` as a subprocess of the same interpreter (``sys.executable``) in its own process
    group, killed as a group after ``--timeout`` seconds (a hung NCCL all-reduce never returns).
    It also reports TensorFlow's version and build info, compared here with the loaded libraries
@@ -715,6 +718,8 @@ def format_table(doc: dict[str, Any]) -> str:
         rec = libs.get(key) or {}
         where = rec.get("path") or rec.get("error") or "-"
         lines.append(f"  {key:<11} {_fmt(rec.get('version')):<8} {where}")
+        if rec.get("note"):
+            lines.append(f"  {'':<11} note: {rec['note']}")
     lines.append(
         f"  tensorflow  {_fmt(tf_info.get('version')):<8} cuda build {_fmt(tf_info.get('is_cuda_build'))}"
         f"   sees {_fmt(tf_info.get('gpus'))} GPUs"

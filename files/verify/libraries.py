@@ -5,7 +5,13 @@ What is loaded and how the version is read:
 * ``libcuda.so.1`` (installed by the NVIDIA driver): ``cuDriverGetVersion(int*)``; the value is
   the newest CUDA version the driver supports, e.g. 11080.
 * ``libcudart.so.11.0`` / ``.so.12`` / ``.so.13`` (CUDA toolkit; the soname carries only the major
-  version from CUDA 11 on): ``cudaRuntimeGetVersion(int*)``, e.g. 11080.
+  version from CUDA 11 on): ``cudaRuntimeGetVersion(int*)``, e.g. 11080.  The runtime starts the
+  driver first, so without a usable GPU the call fails (100, cudaErrorNoDevice; 35,
+  cudaErrorInsufficientDriver, without a driver) and gives nothing: the version then comes from
+  the real file's name, which NVIDIA gives the full version (``libcudart.so.11.8.89`` in the
+  toolkit's ``lib64``), and the record's ``note`` says what the error means.  No device is never a
+  failure here: a host verified with ``--cpu-replicas`` has none on purpose, and on a GPU host
+  gpu_verify's GPU count check fails already.
 * ``libcudnn.so.<major>``: ``cudnnGetVersion()`` returns ``size_t``.  cuDNN 8 encodes
   ``major*1000 + minor*100 + patch`` and cuDNN 9 ``major*10000 + minor*100 + patch``
   (the ``CUDNN_VERSION`` macro of cuDNN's ``cudnn_version.h``, shipped in the cuDNN tar archive and
@@ -14,6 +20,13 @@ What is loaded and how the version is read:
 CUDA version integers decode as ``major = v // 1000``, ``minor = (v % 1000) // 10`` (11080 ->
 "11.8"), the encoding used by ``cudaRuntimeGetVersion``/``cuDriverGetVersion`` in the CUDA
 runtime API reference.
+
+The loads and calls run in a child process of the same interpreter (this script with a hidden
+``--probe`` option, :func:`run_probe`), which reports each library as soon as it has it: cuDNN calls
+abort() when it cannot load one of its sub-libraries (``Could not load library
+libcudnn_ops_infer.so.8. Error: libnvrtc.so: ...``), and a library may hang.  Such a library's record
+and problem say so and name what it could not load; the ones probed before it keep their records,
+and this script still prints its document.
 
 Libraries are found the way every process finds them (``LD_LIBRARY_PATH``, the ``ldconfig``
 cache built from ``/etc/ld.so.conf.d``); the file really mapped is read back from
@@ -35,8 +48,13 @@ from __future__ import annotations
 import argparse
 import ctypes
 import glob
+import json
 import os
+import re
+import signal
+import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -47,6 +65,7 @@ from verify_common import (
     dumps,
     parse_version,
     problem,
+    tail,
 )
 
 # Names of CUresult values worth spelling out (CUDA driver API reference, "Error Handling").
@@ -57,6 +76,50 @@ CUDA_DRIVER_ERRORS = {
     100: "CUDA_ERROR_NO_DEVICE",
     999: "CUDA_ERROR_UNKNOWN",
 }
+
+# cudaError_t values the version call returns without a working driver and device, with NVIDIA's
+# names and texts (CUDA Runtime API reference, "Data types used by CUDA Runtime", enum cudaError;
+# the same words cudaGetErrorName/cudaGetErrorString give): used where the runtime does not
+# export those two functions.  The driver API's CUresult has the same numbers for these.
+CUDA_ERROR_STUB_LIBRARY = 34
+CUDA_ERROR_INSUFFICIENT_DRIVER = 35
+CUDA_ERROR_NO_DEVICE = 100
+CUDA_RUNTIME_ERRORS = {
+    3: ("cudaErrorInitializationError", "initialization error"),
+    CUDA_ERROR_STUB_LIBRARY: ("cudaErrorStubLibrary", "CUDA driver is a stub library"),
+    CUDA_ERROR_INSUFFICIENT_DRIVER: (
+        "cudaErrorInsufficientDriver",
+        "CUDA driver version is insufficient for CUDA runtime version",
+    ),
+    CUDA_ERROR_NO_DEVICE: ("cudaErrorNoDevice", "no CUDA-capable device is detected"),
+    999: ("cudaErrorUnknown", "unknown error"),
+}
+# What a failed cudaRuntimeGetVersion means for the host (the note of the libcudart record).
+RUNTIME_CALL_MEANINGS = {
+    CUDA_ERROR_NO_DEVICE: (
+        "no usable GPU or driver (the driver sees no CUDA device: kernel module not loaded, GPU not "
+        "passed into the container, or no GPU)"
+    ),
+    CUDA_ERROR_INSUFFICIENT_DRIVER: "no NVIDIA driver (libcuda.so.1 could not be loaded) or one too old for this runtime",
+    CUDA_ERROR_STUB_LIBRARY: "the libcuda.so.1 loaded is the CUDA toolkit's stub, not the driver's",
+}
+RUNTIME_CALL_OTHER = "the CUDA runtime could not start the driver"
+# What each library is called in the problems.
+LIBRARY_LABELS = {"libcuda": "CUDA driver library", "libcudart": "CUDA runtime", "libcudnn": "cuDNN"}
+# The role that installs each library.
+LIBRARY_ROLES = {"libcuda": "nvidia_driver", "libcudart": "cuda_toolkit", "libcudnn": "cudnn"}
+# cuDNN's own words on stderr before it calls abort(), e.g. "Could not load library
+# libcudnn_ops_infer.so.8. Error: libnvrtc.so: cannot open shared object file: No such file or directory"
+# (the second part is dlerror()'s text, glibc's "cannot open shared object file").
+COULD_NOT_LOAD = re.compile(r"Could not load library (\S+?)\.? Error: ([^\n]+)")
+MISSING_FILE = re.compile(r"(\S+?): cannot open shared object file")
+# The hidden option that makes this script the probe process (:func:`probe_child`), and how long
+# the probe may take: loading cuDNN and cuBLAS (over 600 MB) from a cold disk takes seconds.
+PROBE_OPTION = "--probe"
+PROBE_TIMEOUT_SECONDS = 120.0
+PROBE_KILL_WAIT_SECONDS = 5.0
+# The fields of a probe record that mapped_library_versions reports per file.
+MAPPED_FIELDS = ("raw", "version", "error", "release", "version_source", "call_error", "note")
 
 LD_SO_CONF_D = "/etc/ld.so.conf.d"
 # Folders the loader searches after the ld.so.conf ones (glibc's trusted directories on x86_64;
@@ -87,6 +150,13 @@ def decode_cudnn_version(raw: int) -> str:
     if raw >= 10000:
         return f"{raw // 10000}.{(raw % 10000) // 100}.{raw % 100}"
     return f"{raw // 1000}.{(raw % 1000) // 100}.{raw % 100}"
+
+
+LIBRARY_KINDS: dict[str, tuple[str, Callable[[int], str]]] = {
+    "libcuda": ("cuDriverGetVersion", decode_cuda_version),
+    "libcudart": ("cudaRuntimeGetVersion", decode_cuda_version),
+    "libcudnn": ("cudnnGetVersion", decode_cudnn_version),
+}
 
 
 def cudart_soname(cuda: str) -> str:
@@ -191,8 +261,8 @@ def load_failure_problem(
         )
     elif check == "libcuda":
         fix = (
-            "libcuda.so.1 comes with the NVIDIA driver, not the toolkit: install/repair the driver "
-            "(nvidia_driver role), then run `ldconfig` and check `ldconfig -p | grep libcuda`"
+            "install/repair the NVIDIA driver (nvidia_driver role): libcuda.so.1 comes with the driver, not the "
+            "toolkit; then run `ldconfig` and check `ldconfig -p | grep libcuda`"
         )
     else:
         fix = (
@@ -318,9 +388,12 @@ def cuda_library_paths(maps_text: str) -> list[str]:
 def mixed_cuda_major_problems(paths: Sequence[str]) -> list[Problem]:
     """Toolkit library files of two or more CUDA majors loaded in one process (``paths``, e.g. from
     :func:`cuda_library_paths`), e.g. ``libcudart.so.11.0`` next to ``libcublas.so.12``: a failure,
-    whatever loaded them."""
+    whatever loaded them. Only the :data:`CUDA_MAJOR_LIBRARIES` count: the driver's
+    ``libcuda.so.520.61.05`` and cuDNN's ``libcudnn.so.8.6.0`` carry their own versions, not CUDA's."""
     by_major: dict[int, list[str]] = {}
     for path in paths:
+        if os.path.basename(path).split(".so", 1)[0] not in CUDA_MAJOR_LIBRARIES:
+            continue
         major = soname_major(path)
         if major is not None and path not in by_major.get(major, []):
             by_major.setdefault(major, []).append(path)
@@ -463,7 +536,8 @@ def compare_driver_runtime(libcuda: dict[str, Any], libcudart: dict[str, Any]) -
     """
     if not (libcuda.get("ok") and libcudart.get("ok")):
         return []
-    if libcuda["raw"] >= libcudart["raw"]:
+    # The runtime's version may come from its file name (no raw value): compare major.minor.
+    if parse_version(libcuda["version"], 2) >= parse_version(libcudart["version"], 2):
         return []
     return [
         problem(
@@ -538,7 +612,243 @@ def compare_with_build(tf_info: dict[str, Any], libs: dict[str, dict[str, Any]])
     return problems
 
 
-# --- I/O: loading through ctypes ------------------------------------------------------------
+# --- the probe's answers (pure) ---------------------------------------------------------------
+
+
+def new_record(soname: str) -> dict[str, Any]:
+    """A library's record before anything is known.  ``path``: the real file mapped; ``found_as``:
+    the name the loader opened; ``loaded``: dlopen worked; ``raw``: the version call's value;
+    ``version``: decoded, from the call or the file name (``version_source``); ``release``: the
+    version in the real file's name (libcuda: the driver's); ``call_status``/``call_error``: a
+    version call that failed; ``note``: what that means when it fails nothing; ``ok``: loaded and
+    version known (None: not known, and nothing failed); ``error``: why the library failed."""
+    return {
+        "soname": soname,
+        "path": None,
+        "found_as": None,
+        "loaded": False,
+        "raw": None,
+        "version": None,
+        "release": None,
+        "version_source": None,
+        "call_status": None,
+        "call_error": None,
+        "note": None,
+        "ok": False,
+        "error": None,
+    }
+
+
+def release_from_name(path: str | None) -> str | None:
+    """The version in a real library file's name, as NVIDIA names the files (the toolkit's
+    ``lib64``, the cuDNN archive, the driver): ``libcudart.so.11.8.89`` -> "11.8.89",
+    ``libcudnn.so.8.6.0`` -> "8.6.0", ``libcuda.so.535.261.03`` -> "535.261.03".  None for a
+    soname: ``libcudart.so.11.0`` is CUDA 11's soname, not a version, so three numeric parts are
+    needed."""
+    suffix = os.path.basename(path or "").partition(".so.")[2]
+    parts = suffix.split(".")
+    return suffix if len(parts) >= 3 and all(part.isdigit() for part in parts) else None
+
+
+def call_error_text(symbol: str, status: int, name: str | None = None, text: str | None = None) -> str:
+    """``cudaRuntimeGetVersion returned 100 (cudaErrorNoDevice: no CUDA-capable device is
+    detected)``: ``name``/``text`` as the runtime's cudaGetErrorName/cudaGetErrorString say them,
+    else :data:`CUDA_RUNTIME_ERRORS`; the driver API's CUresult names for ``cuDriverGetVersion``."""
+    if symbol == "cuDriverGetVersion":
+        return f"{symbol} returned {status} ({CUDA_DRIVER_ERRORS.get(status, 'error')})"
+    known_name, known_text = CUDA_RUNTIME_ERRORS.get(status, ("unrecognized error code", ""))
+    name, text = name or known_name, text or known_text
+    return (
+        f"{symbol} returned {status} ({name}: {text})"
+        if text and text != name
+        else f"{symbol} returned {status} ({name})"
+    )
+
+
+def runtime_call_note(record: dict[str, Any], cuda_visible_devices: str | None = None) -> str:
+    """The ``note`` of a libcudart whose ``cudaRuntimeGetVersion`` failed: the error, what it means,
+    and where the version came from."""
+    status = record["call_status"]
+    note = f"{record['call_error']}: {RUNTIME_CALL_MEANINGS.get(status, RUNTIME_CALL_OTHER)}"
+    if status == CUDA_ERROR_NO_DEVICE and cuda_visible_devices is not None:
+        note += f"; CUDA_VISIBLE_DEVICES={cuda_visible_devices!r} is set and may hide every GPU"
+    name = os.path.basename(record.get("path") or record["soname"])
+    if record.get("version"):
+        return note + f"; version {record['version']} read from the file name {name}"
+    return note + f"; its version is unknown: the file name {name} carries none"
+
+
+def settle_record(key: str, record: dict[str, Any], cuda_visible_devices: str | None = None) -> dict[str, Any]:
+    """A probe record made final: ``release`` from the file name; a libcudart whose version call
+    failed takes ``version`` from the file name (the call needs a working driver and a device, the
+    name needs nothing) and a ``note``; other failed calls are errors."""
+    record = dict(record)
+    record["release"] = release_from_name(record.get("path"))
+    status = record.get("call_status")
+    if not record.get("loaded") or record.get("ok") or not status:
+        return record
+    if key != "libcudart":
+        record["error"] = record["call_error"]
+        return record
+    release = record["release"]
+    if release:
+        record.update(version=".".join(release.split(".")[:2]), version_source="file name", ok=True)
+    else:
+        record["ok"] = None
+    record["note"] = runtime_call_note(record, cuda_visible_devices)
+    return record
+
+
+def parse_probe_events(stdout: str) -> list[dict[str, Any]]:
+    """The probe's JSON-line events (:func:`probe_child`); other lines (a library printing to
+    stdout) are skipped."""
+    events = []
+    for line in stdout.splitlines():
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(event, dict) and "event" in event:
+            events.append(event)
+    return events
+
+
+def could_not_load(stderr: str) -> tuple[str, str | None, str] | None:
+    """cuDNN's last ``Could not load library X. Error: Y`` line in ``stderr``: ``(X, the file the
+    loader could not open or None, Y)``, or None."""
+    found = None
+    for match in COULD_NOT_LOAD.finditer(stderr or ""):
+        missing = MISSING_FILE.match(match.group(2))
+        found = (match.group(1), missing.group(1) if missing else None, match.group(2).strip())
+    return found
+
+
+def missing_library_fix(missing: str, cuda_root: str | None, installed: str | None = None) -> str:
+    """Where a library cuDNN could not load comes from, and how to make the loader find it;
+    ``installed``: where it is, though the loader did not find it (:func:`find_off_path`)."""
+    check = f"`ldconfig -p | grep {soname_stem(missing)}` must then list it"
+    if missing.startswith("libcudnn"):
+        return (
+            f"the cuDNN install is incomplete ({missing} is part of cuDNN): rerun the cudnn role (playbooks/cuda.yml "
+            f"or site.yml), then run `ldconfig`; {check}"
+        )
+    if not missing.startswith(("libcublas", "libnvrtc")):
+        return f"install the package that provides {missing}, list its folder in a file under {LD_SO_CONF_D}/ and run `ldconfig`; {check}"
+    lib64 = f"{cuda_root}/lib64" if cuda_root else "the stack's <cuda_root>/lib64"
+    # libnvrtc.so is the unversioned link the toolkit keeps beside libnvrtc.so.<X.Y>; cuDNN opens that name.
+    origin = f"{missing} comes with the stack's CUDA toolkit, in {lib64}"
+    if installed:
+        return (
+            f"put {os.path.dirname(installed)} on the loader path through the gpu_env role (rerun playbooks/cuda.yml "
+            f"or site.yml) and run `ldconfig`: {origin}; {check}"
+        )
+    return (
+        f"install the stack's CUDA toolkit in full (cuda_toolkit role; {origin}) and keep {lib64} on the loader "
+        f"path through the gpu_env role (rerun playbooks/cuda.yml or site.yml), then run `ldconfig`; {check}"
+    )
+
+
+def probe_death(returncode: int | None, timed_out: bool, timeout: float) -> str:
+    """How the probe process ended without a record: ``aborted the process (SIGABRT)``, ..."""
+    if timed_out:
+        return f"did not answer within {timeout:g} s (the probe process was killed)"
+    if returncode is None:
+        return "could not be probed (the probe process did not start)"
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"{'aborted' if name == 'SIGABRT' else 'killed'} the process ({name})"
+    return f"ended the process (exit status {returncode}) without an answer"
+
+
+def crash_problem(key: str, record: dict[str, Any], death: str, stderr: str, cuda_root: str | None) -> Problem:
+    """The problem of a library whose probe died (``death``: :func:`probe_death`), naming the library
+    it could not load when it said so on ``stderr`` (cuDNN's ``Could not load library``)."""
+    what = f"{LIBRARY_LABELS[key]} {record['soname']}" + (f" ({record['path']})" if record.get("path") else "")
+    stage = "when asked for its version" if record.get("loaded") else "while being loaded"
+    cause = f"{what} {death} {stage}"
+    said = could_not_load(stderr)
+    if said:
+        library, missing, error = said
+        needed = missing or library
+        cause += f": it could not load {needed}"
+        if missing is None:
+            cause += f" ({error})"
+        elif missing != library:
+            cause += f" (needed by {library})"
+        installed = find_off_path(needed, [os.path.join(cuda_root, "lib64")] if cuda_root else [])
+        if installed:
+            cause += f"; it is installed at {installed}, but {os.path.dirname(installed)} is not on the loader path"
+        return problem(key, cause + ".", missing_library_fix(needed, cuda_root, installed))
+    last = [line.strip() for line in (stderr or "").splitlines() if line.strip()]
+    cause += f": {last[-1]}" if last else ""
+    if death.startswith("did not answer"):
+        fix = (
+            "a library that hangs while it starts usually waits on the driver: check that `nvidia-smi` answers "
+            "quickly and `dmesg | grep -i -e xid -e nvrm`"
+        )
+    else:
+        fix = (
+            f"the record's stderr_tail holds the library's own words and `dmesg` the crash; a damaged {key} is "
+            f"reinstalled by the {LIBRARY_ROLES[key]} role, then run `ldconfig`"
+        )
+    return problem(key, cause + ".", fix)
+
+
+def probe_records(
+    plan: Sequence[dict[str, Any]], run: dict[str, Any], timeout: float, cuda_root: str | None = None
+) -> tuple[list[dict[str, Any]], dict[int, list[Problem]], list[str]]:
+    """The probe's answers (:func:`run_probe`) as one record per plan item, the problems of a probe
+    that died (by plan index), and the CUDA toolkit files mapped in it.  The library being probed
+    when the process died gets a failed record naming how (:func:`crash_problem`) with the end of
+    its stderr (``stderr_tail``); the ones after it are not probed (``ok`` None, a ``note``); the
+    ones before keep their records."""
+    records: dict[int, dict[str, Any]] = {}
+    current: dict[int, dict[str, Any]] = {}
+    paths: list[str] = []
+    for event in run["events"]:
+        index = event.get("index")
+        if event["event"] == "record":
+            records[index] = event["record"]
+        elif event["event"] in ("start", "loaded"):
+            current[index] = dict(event, loaded=event["event"] == "loaded")
+        elif event["event"] == "maps":
+            paths = list(event.get("paths") or [])
+    result: list[dict[str, Any]] = []
+    problems: dict[int, list[Problem]] = {}
+    culprit: str | None = None
+    for index, item in enumerate(plan):
+        if index in records:
+            result.append(records[index])
+            continue
+        record = new_record(item["candidates"][0])
+        if culprit is None:
+            culprit = item["key"]
+            seen = current.get(index) or {}
+            record.update({k: seen[k] for k in ("soname", "path", "found_as", "loaded") if seen.get(k) is not None})
+            death = probe_death(run["returncode"], run["timed_out"], timeout)
+            found = crash_problem(item["key"], record, death, run["stderr"], cuda_root)
+            record.update(error=found["cause"], stderr_tail=tail(run["stderr"], 2000) or None)
+            problems[index] = [found]
+        else:
+            record.update(ok=None, note=f"not probed: the probe process ended while probing {culprit}")
+        result.append(record)
+    return result, problems, paths
+
+
+# --- I/O: the probe process ------------------------------------------------------------------
+#
+# Every dlopen and version call runs in one child process (this file with --probe): cuDNN calls
+# abort() when one of its sub-libraries cannot be loaded, which would otherwise kill the
+# verification before it prints its document.  The child writes one JSON line per event, flushed
+# at once, so whatever it learnt before it died reaches the parent:
+#   {"event": "start", "index": i, "soname": s}     before each dlopen of a candidate
+#   {"event": "loaded", "index": i, "soname", "path", "found_as"}  dlopen worked; the version call is next
+#   {"event": "record", "index": i, "record": {...}}  the library's facts (see new_record)
+#   {"event": "maps", "paths": [...]}               CUDA toolkit files mapped in the child (cuda_library_paths)
+#   {"event": "done"}
 
 
 class _DlInfo(ctypes.Structure):
@@ -575,115 +885,227 @@ def read_maps() -> str:
         return ""
 
 
-def _call_version(lib: ctypes.CDLL, symbol: str) -> tuple[Any, int]:
-    """Call the version entry point ``symbol`` of ``lib``; returns (function, raw version).
-
-    Raises:
-        AttributeError: the symbol is not exported.
-        RuntimeError: the call returned a CUDA error code.
-    """
-    function = getattr(lib, symbol)
-    return function, _read_version(function, symbol)
-
-
-def _read_version(function: Any, symbol: str) -> int:
-    """Call a version entry point: ``cudnnGetVersion()`` returns size_t, the CUDA ones fill an
-    ``int*`` and return a status (0 = success).
-
-    Raises:
-        RuntimeError: the call returned a non-zero status.
-    """
+def _read_version(function: Any, symbol: str) -> tuple[int, int]:
+    """Call a version entry point; returns ``(status, raw version)``.  ``cudnnGetVersion()`` returns
+    size_t (status 0); the CUDA ones fill an ``int*`` and return a status (0 = success)."""
     if symbol == "cudnnGetVersion":
         function.restype = ctypes.c_size_t
         function.argtypes = []
-        return int(function())
+        return 0, int(function())
     function.restype = ctypes.c_int
     function.argtypes = [ctypes.POINTER(ctypes.c_int)]
     value = ctypes.c_int(0)
-    status = function(ctypes.byref(value))
-    if status != 0:
-        name = CUDA_DRIVER_ERRORS.get(status, "error") if symbol == "cuDriverGetVersion" else "error"
-        raise RuntimeError(f"{symbol} returned {status} ({name})")
-    return int(value.value)
+    status = int(function(ctypes.byref(value)))
+    return status, int(value.value)
 
 
-LIBRARY_KINDS: dict[str, tuple[str, Callable[[int], str]]] = {
-    "libcuda": ("cuDriverGetVersion", decode_cuda_version),
-    "libcudart": ("cudaRuntimeGetVersion", decode_cuda_version),
-    "libcudnn": ("cudnnGetVersion", decode_cudnn_version),
-}
+def runtime_error_names(lib: Any, status: int) -> tuple[str | None, str | None]:
+    """``cudaGetErrorName``/``cudaGetErrorString`` of ``status`` as the runtime ``lib`` itself says
+    them (None for each it does not export)."""
+    names: list[str | None] = []
+    for symbol in ("cudaGetErrorName", "cudaGetErrorString"):
+        function = getattr(lib, symbol, None)
+        text = None
+        if function is not None:
+            function.restype = ctypes.c_char_p
+            function.argtypes = [ctypes.c_int]
+            raw = function(status)
+            text = raw.decode("utf-8", "replace") if raw else None
+        names.append(text)
+    return names[0], names[1]
 
 
-def load_library(key: str, soname: str, install_dirs: Sequence[str] = ()) -> tuple[dict[str, Any], list[Problem]]:
-    """dlopen ``soname`` and read its version.
+def _emit(event: dict[str, Any]) -> None:
+    """Write one probe event as a JSON line and flush it: the parent keeps it even when a library
+    kills this process a moment later."""
+    sys.stdout.write(json.dumps(event) + "\n")
+    sys.stdout.flush()
 
-    ``install_dirs``: folders where the library is expected to be installed (the stack's
-    ``<cuda_root>/lib64``); when dlopen fails but the file is there, the problem says it is
-    installed but not on the loader path.
 
-    Returns ``({"soname", "path", "found_as", "raw", "version", "ok", "error"}, problems)``:
-    ``path`` is the real file mapped into this process, ``found_as`` the name the loader opened
-    (often a symlink in the folder that won the search).
-    """
-    symbol, decode = LIBRARY_KINDS[key]
-    record: dict[str, Any] = {
-        "soname": soname,
-        "path": None,
-        "found_as": None,
-        "raw": None,
-        "version": None,
-        "ok": False,
-        "error": None,
-    }
-    try:
-        lib = ctypes.CDLL(soname)
-    except OSError as exc:
-        record["error"] = str(exc)
-        conf = ld_so_conf_dirs()
-        found = find_off_path(soname, install_dirs)
-        login = login_only_mentions(os.path.dirname(found)) if found else []
-        return record, [
-            load_failure_problem(key, soname, str(exc), os.environ.get("LD_LIBRARY_PATH"), conf, found, login)
-        ]
-    function = getattr(lib, symbol, None)
-    raw: int | None = None
-    if function is None:
-        record["error"] = f"{soname} does not export {symbol}"
-    else:
-        try:
-            raw = _read_version(function, symbol)
-        except RuntimeError as exc:
-            record["error"] = str(exc)
+def _locate(record: dict[str, Any], soname: str, function: Any) -> None:
+    """Fill ``found_as`` (the name the loader opened) and ``path`` (the real file mapped) of a
+    library just loaded, and ``also_mapped`` when several copies are mapped."""
     found_as = dladdr_path(function) if function is not None else None
-    mapped = paths_from_maps(read_maps(), soname_stem(soname))
+    mapped = paths_from_maps(read_maps(), soname_stem(os.path.basename(soname)))
     real = os.path.realpath(found_as) if found_as else None
     record["found_as"] = found_as
     record["path"] = real if (real and (real in mapped or not mapped)) else (mapped[0] if mapped else real)
     if len(mapped) > 1:
         record["also_mapped"] = [p for p in mapped if p != record["path"]]
-    if raw is None:
-        if "CUDA_ERROR_STUB_LIBRARY" in (record["error"] or "") or "/stubs/" in (record["path"] or ""):
-            fix = (
-                "the toolkit's stub libcuda (lib64/stubs) is on the loader path: remove that folder "
-                "from LD_LIBRARY_PATH and /etc/ld.so.conf.d, run `ldconfig`"
+
+
+def probe_one(index: int, key: str, soname: str) -> dict[str, Any]:
+    """Child side: dlopen ``soname`` (a soname or a path), say where it was found (``loaded``
+    event), then call its version entry point.  Returns the facts (:func:`new_record`); judging
+    them is the parent's work (:func:`settle_record`)."""
+    symbol, decode = LIBRARY_KINDS[key]
+    record = new_record(soname)
+    _emit({"event": "start", "index": index, "soname": soname})
+    try:
+        lib = ctypes.CDLL(soname)
+    except OSError as exc:
+        record["error"] = str(exc)
+        return record
+    record["loaded"] = True
+    function = getattr(lib, symbol, None)
+    _locate(record, soname, function)
+    _emit({"event": "loaded", "index": index, "soname": soname, "path": record["path"], "found_as": record["found_as"]})
+    if function is None:
+        record["error"] = f"{soname} does not export {symbol}"
+        return record
+    status, raw = _read_version(function, symbol)
+    if status == 0:
+        record.update(raw=raw, version=decode(raw), version_source=symbol, ok=True)
+    else:
+        record["call_status"] = status
+        record["call_error"] = call_error_text(symbol, status, *runtime_error_names(lib, status))
+    return record
+
+
+def probe_child(plan: Sequence[dict[str, Any]]) -> int:
+    """The probe process: for each plan item ``{"key", "candidates"}`` the first candidate that
+    loads (sonames newest first, or paths), then the CUDA toolkit files mapped here."""
+    for index, item in enumerate(plan):
+        record: dict[str, Any] = {}
+        for soname in item["candidates"]:
+            record = probe_one(index, item["key"], soname)
+            if record["loaded"]:
+                break
+        _emit({"event": "record", "index": index, "record": record})
+    _emit({"event": "maps", "paths": cuda_library_paths(read_maps())})
+    _emit({"event": "done"})
+    return EXIT_OK
+
+
+def _wait(proc: subprocess.Popen, timeout: float) -> bool:
+    """Wait for the probe process; kill it after ``timeout`` seconds.  True when it was killed."""
+    try:
+        proc.wait(timeout=timeout)
+        return False
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    try:
+        proc.wait(timeout=PROBE_KILL_WAIT_SECONDS)
+    except subprocess.TimeoutExpired:
+        pass  # stuck in the kernel (a hung driver): what it wrote is read all the same
+    return True
+
+
+def run_probe(plan: Sequence[dict[str, Any]], timeout: float = PROBE_TIMEOUT_SECONDS) -> dict[str, Any]:
+    """Run :func:`probe_child` for ``plan`` in a child process of this interpreter, killed after
+    ``timeout`` seconds (it stays in this process group, so that a Ctrl-C or a kill of the group ends
+    it too).  Returns ``{"events", "stderr", "returncode", "timed_out"}``; the child writes no
+    bytecode next to the scripts (``-B``).
+
+    Its output goes to temporary files, not pipes: what it wrote can be read even when it cannot be
+    reaped (a process stuck in the kernel outlives SIGKILL)."""
+    command = [sys.executable, "-B", os.path.abspath(__file__), PROBE_OPTION, json.dumps(list(plan))]
+    out = tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace")
+    err = tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace")
+    with out, err:
+        try:
+            proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=err)
+        except OSError as exc:
+            return {
+                "events": [],
+                "stderr": f"cannot start {sys.executable}: {exc}",
+                "returncode": None,
+                "timed_out": False,
+            }
+        timed_out = _wait(proc, timeout)
+        out.seek(0)
+        err.seek(0)
+        return {
+            "events": parse_probe_events(out.read()),
+            "stderr": err.read(),
+            "returncode": proc.returncode,
+            "timed_out": timed_out,
+        }
+
+
+# --- checking (the parent) -------------------------------------------------------------------
+
+
+STUB_FIX = (
+    "the toolkit's stub libcuda (lib64/stubs) is on the loader path: remove that folder "
+    "from LD_LIBRARY_PATH and /etc/ld.so.conf.d, run `ldconfig`"
+)
+
+
+def record_problems(key: str, record: dict[str, Any], install_dirs: Sequence[str] = ()) -> list[Problem]:
+    """The problems of one settled record (:func:`settle_record`): a library dlopen could not load
+    (``install_dirs``: where it is expected, see :func:`load_failure_problem`), one without its
+    version entry point, a driver whose ``cuDriverGetVersion`` failed."""
+    if record.get("ok") is not False:
+        return []
+    soname, path, error = record["soname"], record.get("path"), record.get("error")
+    if not record.get("loaded"):
+        found = find_off_path(soname, install_dirs)
+        login = login_only_mentions(os.path.dirname(found)) if found else []
+        return [
+            load_failure_problem(
+                key, soname, str(error), os.environ.get("LD_LIBRARY_PATH"), ld_so_conf_dirs(), found, login
             )
-        else:
-            fix = f"{soname} at {record['path']} is not a working {key}: reinstall it and run `ldconfig`"
-        return record, [problem(key, f"{soname} at {record['path']}: {record['error']}.", fix)]
-    record.update(raw=raw, version=decode(raw), ok=True)
-    return record, []
+        ]
+    if "CUDA_ERROR_STUB_LIBRARY" in (error or "") or "/stubs/" in (path or ""):
+        fix = STUB_FIX
+    else:
+        fix = f"{soname} at {path} is not a working {key}: reinstall it and run `ldconfig`"
+    return [problem(key, f"{soname} at {path}: {error}.", fix)]
+
+
+def runtime_call_problems(
+    libcuda: dict[str, Any], libcudart: dict[str, Any], driver_problems: Sequence[Problem] = ()
+) -> list[Problem]:
+    """A failed ``cudaRuntimeGetVersion`` as a failure, where it is one and nothing else names it.
+
+    100 (no device) never is: on a host verified with ``--cpu-replicas`` there is no GPU on purpose,
+    and on a GPU host the GPU count check fails already; the record's ``note`` names it.  34 (stub
+    libcuda) and 35 (no driver, or one too old) are failures only when the libcuda probe found
+    nothing wrong and no ``driver_problems`` (:func:`compare_driver_runtime`) explain them.  Any
+    other status is a driver that cannot start.
+    """
+    status = libcudart.get("call_status")
+    if not status or status == CUDA_ERROR_NO_DEVICE:
+        return []
+    explained = libcuda.get("ok") is not True or bool(driver_problems)
+    if status in (CUDA_ERROR_STUB_LIBRARY, CUDA_ERROR_INSUFFICIENT_DRIVER) and explained:
+        return []
+    where = f"CUDA runtime {libcudart['soname']} at {libcudart.get('path')}: {libcudart['call_error']}"
+    if status == CUDA_ERROR_STUB_LIBRARY:
+        return [problem("libcuda", f"{where}: the libcuda.so.1 it loaded is the CUDA toolkit's stub.", STUB_FIX)]
+    if status == CUDA_ERROR_INSUFFICIENT_DRIVER:
+        return [
+            problem(
+                "libcudart",
+                f"{where}, though libcuda.so.1 at {libcuda.get('path')} supports CUDA {libcuda.get('version')}.",
+                "another libcuda.so.1 is loaded before the driver's: `ldconfig -p | grep libcuda.so.1` must list only "
+                "the driver's; reinstall the driver (nvidia_driver role) and run `ldconfig`",
+            )
+        ]
+    return [
+        problem(
+            "libcudart",
+            f"{where}: the CUDA runtime could not start the driver.",
+            "check that `nvidia-smi` answers, that the loaded kernel module is the driver's version (`cat "
+            "/proc/driver/nvidia/version`; reboot after a driver upgrade) and `dmesg | grep -i -e xid -e nvrm`",
+        )
+    ]
 
 
 def mapped_library_versions(
-    maps_text: str | None = None,
+    maps_text: str | None = None, timeout: float = PROBE_TIMEOUT_SECONDS
 ) -> dict[str, list[dict[str, Any]]]:
     """Versions of every libcuda/libcudart/libcudnn/libcublas file already mapped into this process
     (``maps_text``: ``/proc/self/maps`` text, read when None).  Returns ``{key: [{"path", "raw",
-    "version", "error"}, ...]}`` with the keys libcublas, libcuda, libcudart, libcudnn.
+    "version", "error", ...}, ...]}`` with the keys libcublas, libcuda, libcudart, libcudnn; the
+    probed ones also carry ``release``, ``version_source``, ``call_error`` and ``note``
+    (:func:`new_record`).
 
-    Used after TensorFlow ran, to report the copies TensorFlow itself loaded (which may come
-    from its RUNPATH rather than the system loader path).  dlopen of an already-mapped path
-    returns the same handle, so nothing new is loaded.
+    Used after TensorFlow ran, to report the copies TensorFlow itself loaded (which may come from
+    its RUNPATH rather than the system loader path).  The version calls run in the probe process
+    (:func:`run_probe`) on those very files, by path, so a library that aborts cannot take this
+    process with it.
     """
     maps_text = read_maps() if maps_text is None else maps_text
     result: dict[str, list[dict[str, Any]]] = {}
@@ -693,34 +1115,19 @@ def mapped_library_versions(
         {"path": path, "raw": None, "version": os.path.basename(path).partition(".so.")[2] or None, "error": None}
         for path in paths_from_maps(maps_text, "libcublas.so")
     ]
-    for key, (symbol, decode) in LIBRARY_KINDS.items():
-        entries = []
-        for path in paths_from_maps(maps_text, key + ".so"):
-            entry: dict[str, Any] = {
-                "path": path,
-                "raw": None,
-                "version": None,
-                "error": None,
-            }
-            try:
-                _function, raw = _call_version(ctypes.CDLL(path), symbol)
-                entry.update(raw=raw, version=decode(raw))
-            except (OSError, AttributeError, RuntimeError) as exc:
-                entry["error"] = str(exc)
-            entries.append(entry)
-        result[key] = entries
+    plan = [
+        {"key": key, "candidates": [path]} for key in LIBRARY_KINDS for path in paths_from_maps(maps_text, key + ".so")
+    ]
+    records = probe_records(plan, run_probe(plan, timeout), timeout)[0] if plan else []
+    for key in LIBRARY_KINDS:
+        result[key] = []
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    for item, record in zip(plan, records):
+        settled = settle_record(item["key"], record, visible)
+        entry = {"path": item["candidates"][0]}
+        entry.update((name, settled.get(name)) for name in MAPPED_FIELDS)
+        result[item["key"]].append(entry)
     return result
-
-
-def _first_loadable(key: str, candidates: Sequence[str]) -> tuple[dict[str, Any], list[Problem]]:
-    """Try sonames newest first (used when no version is pinned)."""
-    record: dict[str, Any] = {}
-    problems: list[Problem] = []
-    for soname in candidates:
-        record, problems = load_library(key, soname)
-        if record["error"] is None or record["path"]:
-            return record, problems
-    return record, problems
 
 
 def default_cuda_root(expect_cuda: str | None) -> str | None:
@@ -729,46 +1136,61 @@ def default_cuda_root(expect_cuda: str | None) -> str | None:
     return f"/usr/local/cuda-{expect_cuda}" if expect_cuda else None
 
 
+def library_plan(expect_cuda: str | None, expect_cudnn: str | None) -> list[dict[str, Any]]:
+    """What the probe loads, in order: libcuda, libcudart, libcudnn, each by its pinned soname, or
+    the sonames newest first without a pin."""
+    cudart = (
+        [cudart_soname(expect_cuda)] if expect_cuda else ["libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0"]
+    )
+    cudnn = [cudnn_soname(expect_cudnn)] if expect_cudnn else ["libcudnn.so.9", "libcudnn.so.8"]
+    return [
+        {"key": "libcuda", "candidates": ["libcuda.so.1"]},
+        {"key": "libcudart", "candidates": cudart},
+        {"key": "libcudnn", "candidates": cudnn},
+    ]
+
+
 def check_libraries(
-    expect_cuda: str | None = None, expect_cudnn: str | None = None, cuda_root: str | None = None
+    expect_cuda: str | None = None,
+    expect_cudnn: str | None = None,
+    cuda_root: str | None = None,
+    probe_timeout: float = PROBE_TIMEOUT_SECONDS,
 ) -> dict[str, Any]:
-    """Load the three libraries and run the comparisons.
+    """Load the three libraries in the probe process (:func:`run_probe`) and run the comparisons.
 
     ``cuda_root``: the stack's toolkit folder (default :func:`default_cuda_root`); its ``lib64``
     is where libcudart and libcudnn are expected, and a CUDA runtime of another major that the
-    loader finds before it is a problem (:func:`runtime_shadow_problems`).
+    loader finds before it is a problem (:func:`runtime_shadow_problems`).  ``probe_timeout``:
+    seconds before a probe that hangs is killed.
 
     Returns ``{"libraries": {"libcuda": rec, "libcudart": rec, "libcudnn": rec}, "problems": [...],
-    "ok": bool}``.
+    "ok": bool}`` (records: :func:`new_record`).
 
     Raises:
         ValueError: ``expect_cuda``/``expect_cudnn`` are not dotted versions.
     """
-    problems: list[Problem] = []
-    libs: dict[str, dict[str, Any]] = {}
     cuda_root = cuda_root or default_cuda_root(expect_cuda)
     install_dirs = [os.path.join(cuda_root, "lib64")] if cuda_root else []
-    libs["libcuda"], found = load_library("libcuda", "libcuda.so.1")
-    problems += found
-    if expect_cuda:
-        libs["libcudart"], found = load_library("libcudart", cudart_soname(expect_cuda), install_dirs)
-    else:
-        libs["libcudart"], found = _first_loadable(
-            "libcudart", ["libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0"]
-        )
-    problems += found
-    if expect_cudnn:
-        libs["libcudnn"], found = load_library("libcudnn", cudnn_soname(expect_cudnn), install_dirs)
-    else:
-        libs["libcudnn"], found = _first_loadable("libcudnn", ["libcudnn.so.9", "libcudnn.so.8"])
-    problems += found
+    plan = library_plan(expect_cuda, expect_cudnn)
+    records, crashed, mapped = probe_records(plan, run_probe(plan, probe_timeout), probe_timeout, cuda_root)
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    # Where a pinned library is expected (a library found only there is installed, but not on the path).
+    pinned_dirs = {"libcudart": install_dirs if expect_cuda else [], "libcudnn": install_dirs if expect_cudnn else []}
+    libs: dict[str, dict[str, Any]] = {}
+    problems: list[Problem] = []
+    for index, (item, record) in enumerate(zip(plan, records)):
+        key = item["key"]
+        libs[key] = settle_record(key, record, visible)
+        problems += crashed.get(index) or record_problems(key, libs[key], pinned_dirs.get(key, []))
     search_order = loader_search_order(os.environ.get("LD_LIBRARY_PATH"), ld_so_conf_dirs())
     pinned = pinned_copy(cudnn_soname(expect_cudnn), install_dirs) if expect_cudnn else None
+    driver = compare_driver_runtime(libs["libcuda"], libs["libcudart"])
+    problems += runtime_call_problems(libs["libcuda"], libs["libcudart"], driver)
     problems += compare_cudart(libs["libcudart"], expect_cuda)
     problems += compare_cudnn(libs["libcudnn"], expect_cudnn, pinned, search_order)
-    problems += compare_driver_runtime(libs["libcuda"], libs["libcudart"])
+    problems += driver
     problems += runtime_shadow_problems(expect_cuda, search_order)
-    problems += mixed_cuda_major_problems(cuda_library_paths(read_maps()))
+    problems += mixed_cuda_major_problems(mapped)
     return {"libraries": libs, "problems": problems, "ok": not problems}
 
 
@@ -847,14 +1269,23 @@ def tensorflow_problems(
 def build_parser() -> argparse.ArgumentParser:
     """The command-line interface."""
     parser = argparse.ArgumentParser(
-        description="Load libcuda, libcudart and libcudnn via ctypes, report the files and "
-        "versions really loaded, compare with the pins and TensorFlow's build; print JSON.",
+        description="Load libcuda, libcudart and libcudnn via ctypes (in a child process, so that a library "
+        "that aborts cannot stop the report), report the files and versions really loaded, compare with the "
+        "pins and TensorFlow's build; print JSON.",
         epilog="Exit codes: 0 all checks passed, 1 a check failed, 2 usage error.",
     )
     parser.add_argument("--expect-cuda", metavar="X.Y", help="pinned CUDA version, e.g. 11.8")
     parser.add_argument("--expect-cudnn", metavar="X.Y.Z", help="pinned cuDNN version, e.g. 8.6.0")
     parser.add_argument("--expect-tensorflow", metavar="X.Y.Z", help="pinned TensorFlow version")
     parser.add_argument("--no-tensorflow", action="store_true", help="do not import TensorFlow")
+    parser.add_argument(
+        "--cuda-root",
+        metavar="DIR",
+        help="the stack's CUDA toolkit folder (default /usr/local/cuda-<--expect-cuda>); its lib64 is "
+        "where libcudart/libcudnn are expected",
+    )
+    # The probe process's own entry point (run_probe): a JSON plan, not for people.
+    parser.add_argument(PROBE_OPTION, metavar="PLAN", help=argparse.SUPPRESS)
     return parser
 
 
@@ -874,8 +1305,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point; returns the exit code."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.probe is not None:
+        return probe_child(json.loads(args.probe))
     check_pin_arguments(parser, args)
-    doc = check_libraries(args.expect_cuda, args.expect_cudnn)
+    doc = check_libraries(args.expect_cuda, args.expect_cudnn, args.cuda_root)
     doc["tensorflow"] = None
     if not args.no_tensorflow:
         doc["tensorflow"] = tensorflow_build_info()

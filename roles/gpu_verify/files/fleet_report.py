@@ -230,8 +230,9 @@ def _utilisation_note(samples: Any) -> str | None:
 
 
 def row_facts(doc: Any) -> list[str]:
-    """Notes people need next to a row: the library files really loaded, a PCI cross-check that
-    did not run, a scaling figure that was not judged."""
+    """Notes people need next to a row: the library files really loaded and what a library's
+    ``note`` says (a version call that failed without failing the run), a PCI cross-check that did
+    not run, a scaling figure that was not judged."""
     notes = []
     loaded = [
         f"{key} {_get(doc, 'libraries', key, 'version')} {_get(doc, 'libraries', key, 'path')}"
@@ -240,6 +241,12 @@ def row_facts(doc: Any) -> list[str]:
     ]
     if loaded:
         notes.append("loaded " + ", ".join(loaded))
+    # A library call that failed without failing the run (libraries.py: no usable GPU, not probed).
+    notes += [
+        f"{key}: {_get(doc, 'libraries', key, 'note')}"
+        for key in ("libcuda", "libcudart", "libcudnn")
+        if _get(doc, "libraries", key, "note")
+    ]
     gpus = _get(doc, "gpus")
     if isinstance(gpus, dict) and "pci_bus_ids" in gpus and gpus["pci_bus_ids"] is None:
         notes.append("PCI cross-check skipped: lspci not found or failed (install pciutils)")
@@ -292,7 +299,7 @@ def _library_outcome(key: str) -> Any:
             return FAIL, record.get("error") or f"{key} did not load"
         if record.get("ok") is True or record.get("version"):
             return PASS, None
-        return NOT_RUN, f"libraries.{key} holds no result"
+        return NOT_RUN, record.get("note") or f"libraries.{key} holds no result"
 
     return outcome
 

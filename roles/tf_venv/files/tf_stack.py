@@ -160,7 +160,10 @@ COMMANDS
             on PATH, its lib64 first on LD_LIBRARY_PATH, CUDA_HOME and XLA_FLAGS set.
     env     Prints that environment as `export` lines: eval "$(tf-stack env tf2.18)".
     probe   Loads libcudart and libcudnn the way TensorFlow does (by soname, in the stack's
-            Python) and prints cudaRuntimeGetVersion, cudnnGetVersion and the files loaded.
+            Python) and prints cudaRuntimeGetVersion, cudnnGetVersion and the files loaded
+            (libcudart.so.11.8.89: the runtime's release). Without a usable GPU the runtime gives
+            no version: cudaRuntimeGetVersion is null and cudaRuntimeGetVersion_error says why,
+            e.g. "100 (cudaErrorNoDevice)"; that is no failure of the stack.
 
 FILES
     /etc/tf-stacks/NAME.env     the stack's environment (links to <venv>/tf-stack.env); usable as
@@ -191,8 +194,14 @@ cudart, cudnn = load(os.environ["TF_STACK_CUDART"]), load(os.environ["TF_STACK_C
 found = {}
 if not isinstance(cudart, str):
     version = ctypes.c_int()
-    cudart.cudaRuntimeGetVersion(ctypes.byref(version))
-    found["cudaRuntimeGetVersion"] = version.value
+    status = cudart.cudaRuntimeGetVersion(ctypes.byref(version))
+    found["cudaRuntimeGetVersion"] = version.value if status == 0 else None
+    if status:
+        # No GPU or no driver: the runtime says why in its own words (cudaGetErrorName).
+        name = getattr(cudart, "cudaGetErrorName", None)
+        if name is not None:
+            name.restype = ctypes.c_char_p
+        found["cudaRuntimeGetVersion_error"] = "%d (%s)" % (status, name(status).decode() if name else "error")
 if not isinstance(cudnn, str):
     cudnn.cudnnGetVersion.restype = ctypes.c_size_t
     found["cudnnGetVersion"] = cudnn.cudnnGetVersion()

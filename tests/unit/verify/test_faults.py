@@ -109,6 +109,21 @@ def test_one_cuda_major_in_a_process_is_fine():
     assert libraries.mixed_cuda_major_problems(libraries.cuda_library_paths(MAPS.splitlines()[0])) == []
 
 
+def test_the_driver_and_cudnn_files_are_not_cuda_majors():
+    """TensorFlow's GPU build maps the driver's libcuda.so.520.61.05 beside the CUDA 11.8 runtime (the
+    sandbox's report, before this rule, said "CUDA 520"); cuDNN's file carries cuDNN's version."""
+    paths = [
+        "/usr/local/cuda-11.8/targets/x86_64-linux/lib/libcudart.so.11.8.89",
+        "/usr/lib/x86_64-linux-gnu/libcuda.so.520.61.05",
+        "/usr/local/cuda-11.8/targets/x86_64-linux/lib/libcudnn.so.8.6.0",
+        "/usr/local/cuda-11.8/targets/x86_64-linux/lib/libcublas.so.11.11.3.6",
+    ]
+    assert libraries.mixed_cuda_major_problems(paths) == []
+    (found,) = libraries.mixed_cuda_major_problems([*paths, "/opt/tf/nvidia/cublas/lib/libcublasLt.so.12"])
+    assert "CUDA 11:" in found["cause"] and "CUDA 12: /opt/tf/nvidia/cublas/lib/libcublasLt.so.12" in found["cause"]
+    assert "CUDA 520" not in found["cause"] and "CUDA 8" not in found["cause"]
+
+
 def test_mapped_library_versions_include_cublas_from_its_file_name():
     maps = "7f00-7f01 r-xp 0 08:01 1 /usr/local/cuda-11.8/lib64/libcublas.so.11.11.3.6\n"
     found = libraries.mapped_library_versions(maps)

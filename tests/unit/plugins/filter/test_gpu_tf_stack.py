@@ -166,15 +166,19 @@ def test_bind_leaves_the_process_alone(env_file, environ, folder):
 
 # --- two stacks sharing sonames: each venv loads its own ------------------------------------------
 
+# The runtime is named by the file the process mapped (libcudart.so.<release>): its version call
+# starts the driver first and, without a GPU, answers cudaErrorNoDevice or cudaErrorInsufficientDriver
+# and no version, as NVIDIA's runtime does (tests/unit/verify/test_real_libraries.py).
 PROBE = (
-    "import ctypes, json\n"
-    "rt = ctypes.CDLL('{cudart}'); v = ctypes.c_int(); rt.cudaRuntimeGetVersion(ctypes.byref(v))\n"
+    "import ctypes, json, os\n"
+    "rt = ctypes.CDLL('{cudart}')\n"
     "dnn = ctypes.CDLL('libcudnn.so.8'); dnn.cudnnGetVersion.restype = ctypes.c_size_t\n"
     "ctypes.CDLL('libcudnn_ops_infer.so.8')\n"
     "maps = sorted({{l.split()[-1] for l in open('/proc/self/maps') if 'libcud' in l}})\n"
-    "print(json.dumps({{'cudart': v.value, 'cudnn': dnn.cudnnGetVersion(), 'files': maps}}))\n"
+    "cudart = [os.path.basename(m) for m in maps if os.path.basename(m).startswith('libcudart.so.')]\n"
+    "print(json.dumps({{'cudart': cudart, 'cudnn': dnn.cudnnGetVersion(), 'files': maps}}))\n"
 )
-STACKS = {  # name: (CUDA, its nvcc version, cuDNN, cudart soname, cudaRuntimeGetVersion, cudnnGetVersion)
+STACKS = {  # name: (CUDA, its nvcc version, cuDNN, cudart soname, CUDART_VERSION, cudnnGetVersion)
     "tf2.12": ("11.8.0", "11.8.89", "8.6.0.163", "libcudart.so.11.0", 11080, 8600),
     "tf2.15": ("12.2.2", "12.2.140", "8.9.4.25", "libcudart.so.12", 12020, 8904),
 }
@@ -235,9 +239,9 @@ def probe(python: Path | str, cudart: str, env: dict, *wrapper: str) -> dict:
 
 
 def assert_own_stack(found: dict, name: str, two_stacks: dict) -> None:
-    _, _, _, _, runtime, cudnn = STACKS[name]
+    _, nvcc, _, _, _, cudnn = STACKS[name]
     root = two_stacks["stacks"][name]["root"]
-    assert (found["cudart"], found["cudnn"]) == (runtime, cudnn), found
+    assert (found["cudart"], found["cudnn"]) == ([f"libcudart.so.{nvcc}"], cudnn), found
     assert found["files"] and all(path.startswith(f"{root}/lib64/") for path in found["files"]), found["files"]
     assert any("libcudnn_ops_infer" in path for path in found["files"]), "cuDNN's sub-library came from elsewhere"
 
@@ -387,8 +391,10 @@ def test_probe_prints_versions_and_the_files_loaded(two_stacks):
     done = tf_stack_cli(two_stacks, "probe", "tf2.12")
     assert done.returncode == 0, done.stderr
     found = json.loads(done.stdout)
-    assert (found["cudaRuntimeGetVersion"], found["cudnnGetVersion"], found["errors"]) == (11080, 8600, [])
+    # cudaRuntimeGetVersion is there, but without a GPU the runtime gives no version (see PROBE).
+    assert "cudaRuntimeGetVersion" in found and (found["cudnnGetVersion"], found["errors"]) == (8600, [])
     assert all(path.startswith(str(two_stacks["stacks"]["tf2.12"]["root"])) for path in found["files"])
+    assert any(path.endswith("/libcudart.so.11.8.89") for path in found["files"]), found["files"]
 
 
 @pytest.mark.parametrize(

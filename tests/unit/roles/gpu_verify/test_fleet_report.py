@@ -604,6 +604,29 @@ def test_notes_name_the_host_once() -> None:
         assert "gpu01: on CPUs" in text and "gpu01: loaded libcudart 11.8" in text
 
 
+NO_DEVICE_NOTE = (
+    "cudaRuntimeGetVersion returned 100 (cudaErrorNoDevice: no CUDA-capable device is detected): no usable GPU or "
+    "driver (the driver sees no CUDA device: kernel module not loaded, GPU not passed into the container, or no GPU); "
+    "version 11.8 read from the file name libcudart.so.11.8.89"
+)
+
+
+def test_a_library_note_is_shown_and_its_check_passes_or_did_not_run() -> None:
+    # libraries.py: on a host without a usable GPU the runtime's version comes from its file name, with a
+    # note; a library the probe did not reach is neither passed nor failed.
+    doc = cpu_doc()
+    doc["libraries"]["libcudart"].update(raw=None, version_source="file name", call_status=100, note=NO_DEVICE_NOTE)
+    not_probed = "not probed: the probe process ended while probing libcudart"
+    doc["libraries"]["libcudnn"] = {"soname": "libcudnn.so.8", "version": None, "ok": None, "note": not_probed}
+    report = fleet_report.build_report({"sandbox": [doc]}, None)
+    outcomes = report["hosts"]["sandbox"]["rows"][0]["checks"]
+    assert outcomes["libcudart"] == {"status": "pass", "passed": True, "reason": None}
+    assert outcomes["libcudnn"] == {"status": "not run", "passed": None, "reason": not_probed}
+    notes = report["hosts"]["sandbox"]["mode_notes"]
+    assert f"libcudart: {NO_DEVICE_NOTE}" in notes and f"libcudnn: {not_probed}" in notes
+    assert f"libcudart: {NO_DEVICE_NOTE}" in fleet_report.format_text(report)
+
+
 # --- history: run folders, latest, merging a partial run -------------------------------------------
 
 T0 = datetime.datetime(2026, 12, 1, 17, 4, 0, tzinfo=datetime.timezone.utc)  # noqa: UP017
