@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import ast
+import hashlib
 import json
 import os
 import shlex
 import sys
+import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -30,6 +32,43 @@ def test_toolkit_tree(host):
     assert lib64.is_symlink and lib64.linked_to == f"{CUDA}/targets/x86_64-linux/lib"
     version = json.loads(host.file(f"{CUDA}/version.json").content_string)
     assert version["cuda_nvcc"]["version"] == "11.8.89"
+    assert version["libcublas"]["version"] == "11.11.3.6"
+
+
+def test_nvcc_is_nvidias_own(host):
+    out = host.run(f"{CUDA}/bin/nvcc --version")
+    assert out.rc == 0, out.stderr
+    assert "Cuda compilation tools, release 11.8, V11.8.89" in out.stdout
+    assert "Build cuda_11.8.r11.8/compiler.31833905_0" in out.stdout
+
+
+# The toolkit's and cuDNN's libraries on the host are NVIDIA's bytes: those of NVIDIA's wheels
+# (tests/fixtures/nvidia/nvidia_files.toml), under the names NVIDIA's runfile and archive give them.
+NVIDIA_FILES = {
+    "libcudart.so.11.8.89": ("nvidia_cuda_runtime_cu11-11.8.89", "nvidia/cuda_runtime/lib/libcudart.so.11.0"),
+    "libcublas.so.11.11.3.6": ("nvidia_cublas_cu11-11.11.3.6", "nvidia/cublas/lib/libcublas.so.11"),
+    "libnvrtc.so.11.8.89": ("nvidia_cuda_nvrtc_cu11-11.8.89", "nvidia/cuda_nvrtc/lib/libnvrtc.so.11.2"),
+    "libcudnn.so.8.6.0": ("nvidia_cudnn_cu11-8.6.0.163", "nvidia/cudnn/lib/libcudnn.so.8"),
+}
+
+
+def test_the_libraries_are_nvidias_real_files_with_their_soname_links(host):
+    sys.path.insert(0, str(ROOT / "tests" / "fixtures" / "nvidia"))
+    import nvidia_files
+
+    wheels = {entry.file.split("-py3-")[0]: entry for entry in nvidia_files.load()}
+    for name, (wheel, member) in NVIDIA_FILES.items():
+        entry = wheels[wheel]
+        with zipfile.ZipFile(nvidia_files.fetch([entry])[entry.file]) as archive:
+            expected = hashlib.sha256(archive.read(member)).hexdigest()
+        assert host.file(f"{CUDA}/lib64/{name}").sha256sum == expected, name
+    links = host.run(f"cd {CUDA}/lib64 && readlink libcublas.so libcublas.so.11 libnvrtc.so libnvrtc.so.11.2")
+    assert links.stdout.split() == [
+        "libcublas.so.11",
+        "libcublas.so.11.11.3.6",
+        "libnvrtc.so.11.2",
+        "libnvrtc.so.11.8.89",
+    ]
 
 
 def test_default_symlink_points_at_default_toolkit(host):
@@ -150,12 +189,15 @@ def test_tf_stack_probe_loads_the_stack_libraries(host):
     assert (found["cudaRuntimeGetVersion"], found["cudaRuntimeGetVersion_error"]) == (None, "100 (cudaErrorNoDevice)")
     assert found["cudnnGetVersion"] == 8600
     assert f"{CUDA}/targets/x86_64-linux/lib/libcudart.so.11.8.89" in found["files"]
-    assert all(path.startswith(f"{CUDA}/") for path in found["files"])
+    # The runtime opened the driver's libcuda.so.1 itself; every toolkit file is the stack's.
+    assert "/usr/lib/x86_64-linux-gnu/libcuda.so.520.61.05" in found["files"]
+    assert all(path.startswith(f"{CUDA}/") for path in found["files"] if "/libcuda.so" not in path)
 
 
-def test_venv_has_pinned_tensorflow(host):
-    out = host.run(f"{VENV}/bin/python -c \"import importlib.metadata as m; print(m.version('tensorflow-cpu'))\"")
+def test_venv_has_pinned_tensorflow_gpu_build(host):
+    out = host.run(f"{VENV}/bin/python -c \"import importlib.metadata as m; print(m.version('tensorflow'))\"")
     assert out.stdout.strip() == "2.12.1"
+    assert host.run(f"{VENV}/bin/python -c \"import importlib.metadata as m; m.version('tensorflow-cpu')\"").rc != 0
 
 
 def test_venv_pip_trusts_the_given_ca_bundle(host):
@@ -181,10 +223,19 @@ def test_report_json_fields():
     doc = entry["results"][0]
     assert doc["ok"] is True
     assert doc["driver_version"] == "520.61.05"
-    assert doc["libraries"]["libcudart"]["version"] == "11.8"
-    assert doc["libraries"]["libcudnn"]["version"] == "8.6.0"
-    assert doc["libraries"]["libcudnn"]["path"].startswith(CUDA)
-    assert doc["tensorflow"]["version"] == "2.12.1"
+    # Read from NVIDIA's real libraries: cuDNN answers cudnnGetVersion without a GPU; the runtime
+    # answers 100 (no device), so its release comes from the real file's name, and the report says so.
+    cudart, cudnn = doc["libraries"]["libcudart"], doc["libraries"]["libcudnn"]
+    assert (cudart["version"], cudart["release"], cudart["version_source"]) == ("11.8", "11.8.89", "file name")
+    assert cudart["call_error"].startswith("cudaRuntimeGetVersion returned 100 (cudaErrorNoDevice")
+    assert "reinstall" not in json.dumps(doc["problems"])
+    assert (cudnn["raw"], cudnn["version"], cudnn["release"]) == (8600, "8.6.0", "8.6.0")
+    assert cudnn["path"] == f"{CUDA}/targets/x86_64-linux/lib/libcudnn.so.8.6.0"
+    # TensorFlow's GPU build, built for the stack's CUDA and cuDNN, finding no GPU.
+    tensorflow = doc["tensorflow"]
+    assert (tensorflow["version"], tensorflow["is_cuda_build"], tensorflow["gpus"]) == ("2.12.1", True, 0)
+    assert (tensorflow["build_info"]["cuda_version"], tensorflow["build_info"]["cudnn_version"]) == ("11.8", "8")
+    assert "not on GPUs" in doc["mode_note"]
     assert (doc["gpus"]["expected"], doc["gpus"]["seen"]) == (2, 2)
     assert doc["fit"]["num_replicas_in_sync"] == 2
     assert doc["fit"]["loss_end"] < doc["fit"]["loss_start"]
@@ -195,6 +246,11 @@ def test_report_json_fields():
 
 def test_report_for_people_and_ci_dashboards():
     assert '<tr class="pass">' in latest_report(REPORTS, MOLECULE_INVENTORY, "fleet-report.html").read_text()
+    text = latest_report(REPORTS, MOLECULE_INVENTORY, "fleet-report.md").read_text()
+    assert f"libcudart 11.8.89 {CUDA}/targets/x86_64-linux/lib/libcudart.so.11.8.89" in text
+    assert f"libcudnn 8.6.0 {CUDA}/targets/x86_64-linux/lib/libcudnn.so.8.6.0" in text
+    assert "TensorFlow 2.12.1: GPU build for CUDA 11.8 and cuDNN 8; it sees 0 GPUs" in text
+    assert "fit ran on 2 logical CPU devices (--cpu-replicas 2), not on GPUs" in text
     junit = latest_report(REPORTS, MOLECULE_INVENTORY, "fleet-report.junit.xml").read_text()
     assert 'failures="0"' in junit and 'name="fit"' in junit
 

@@ -229,18 +229,49 @@ def _utilisation_note(samples: Any) -> str | None:
     return "peak per GPU during the fit: " + ", ".join(parts)
 
 
+def _loaded_text(doc: Any, key: str) -> str:
+    """``libcudart 11.8.89 <path>``: the release in the real file's name where it has one (NVIDIA's
+    names carry it), else the version its call gave; libcuda's name carries the driver's version."""
+    version, release = _get(doc, "libraries", key, "version"), _get(doc, "libraries", key, "release")
+    path = _get(doc, "libraries", key, "path")
+    if key == "libcuda":
+        shown = f"CUDA {version}" + (f" (driver {release})" if release else "")
+    else:
+        shown = release or version
+    return f"{key} {shown} {path}"
+
+
+def _tensorflow_build(doc: Any) -> str | None:
+    """Which TensorFlow build the venv holds, as tf.sysconfig.get_build_info() says it, and the GPUs it sees."""
+    info = _get(doc, "tensorflow")
+    if not isinstance(info, dict) or not info.get("version") or info.get("is_cuda_build") is None:
+        return None
+    if not info.get("is_cuda_build"):
+        return f"TensorFlow {info['version']}: CPU-only build (tensorflow-cpu)"
+    build = info.get("build_info") or {}
+    built_for = " and ".join(
+        f"{name} {build[key]}" for name, key in (("CUDA", "cuda_version"), ("cuDNN", "cudnn_version")) if build.get(key)
+    )
+    return (
+        f"TensorFlow {info['version']}: GPU build"
+        + (f" for {built_for}" if built_for else "")
+        + f"; it sees {info.get('gpus')} GPUs"
+    )
+
+
 def row_facts(doc: Any) -> list[str]:
     """Notes people need next to a row: the library files really loaded and what a library's
     ``note`` says (a version call that failed without failing the run), a PCI cross-check that did
     not run, a scaling figure that was not judged."""
     notes = []
     loaded = [
-        f"{key} {_get(doc, 'libraries', key, 'version')} {_get(doc, 'libraries', key, 'path')}"
-        for key in ("libcuda", "libcudart", "libcudnn")
-        if _get(doc, "libraries", key, "path")
+        _loaded_text(doc, key) for key in ("libcuda", "libcudart", "libcudnn") if _get(doc, "libraries", key, "path")
     ]
     if loaded:
         notes.append("loaded " + ", ".join(loaded))
+    build = _tensorflow_build(doc)
+    if build:
+        notes.append(build)
     # A library call that failed without failing the run (libraries.py: no usable GPU, not probed).
     notes += [
         f"{key}: {_get(doc, 'libraries', key, 'note')}"

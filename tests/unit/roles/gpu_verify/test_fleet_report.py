@@ -627,6 +627,31 @@ def test_a_library_note_is_shown_and_its_check_passes_or_did_not_run() -> None:
     assert f"libcudart: {NO_DEVICE_NOTE}" in fleet_report.format_text(report)
 
 
+def test_the_notes_name_the_real_files_releases_and_tensorflows_build() -> None:
+    # The sandbox with NVIDIA's real files: the runtime's release from its file name, the driver's
+    # version from libcuda's, TensorFlow's GPU build as tf.sysconfig.get_build_info() gives it.
+    doc = cpu_doc()
+    doc["libraries"]["libcuda"].update(path="/usr/lib/x86_64-linux-gnu/libcuda.so.520.61.05", release="520.61.05")
+    doc["libraries"]["libcudart"].update(release="11.8.89", version_source="file name")
+    doc["libraries"]["libcudnn"].update(release="8.6.0")
+    doc["tensorflow"] = {
+        "version": "2.12.1",
+        "is_cuda_build": True,
+        "gpus": 0,
+        "build_info": {"cuda_version": "11.8", "cudnn_version": "8"},
+    }
+    notes = fleet_report.build_report({"sandbox": [doc]}, None)["hosts"]["sandbox"]["mode_notes"]
+    assert (
+        "loaded libcuda CUDA 11.8 (driver 520.61.05) /usr/lib/x86_64-linux-gnu/libcuda.so.520.61.05, "
+        "libcudart 11.8.89 /usr/local/cuda-11.8/lib64/libcudart.so.11.8.89, "
+        "libcudnn 8.6.0 /usr/local/cuda-11.8/lib64/libcudnn.so.8.6.0"
+    ) in notes
+    assert "TensorFlow 2.12.1: GPU build for CUDA 11.8 and cuDNN 8; it sees 0 GPUs" in notes
+    doc["tensorflow"] = {"version": "2.12.1", "is_cuda_build": False, "gpus": 0}
+    notes = fleet_report.build_report({"sandbox": [doc]}, None)["hosts"]["sandbox"]["mode_notes"]
+    assert "TensorFlow 2.12.1: CPU-only build (tensorflow-cpu)" in notes
+
+
 # --- history: run folders, latest, merging a partial run -------------------------------------------
 
 T0 = datetime.datetime(2026, 12, 1, 17, 4, 0, tzinfo=datetime.timezone.utc)  # noqa: UP017
