@@ -61,6 +61,7 @@ HOST_CHECKS = (
     "gpus_busy",
     "installer_running",
     "gpu_count",
+    "kernel_module",
     "mixed_models",
     "pcie_width",
     "nvlink",
@@ -185,6 +186,11 @@ MESSAGES: dict[str, tuple[str, str]] = {
     "nvlink": (
         "{count} GPUs without NVLink: gradients cross PCIe, scaling beyond 2 GPUs is usually poor.",
         "Expect lower scaling efficiency, or use NVLink-connected GPUs.",
+    ),
+    # nvidia_gpu_facts' error names the exit status, nvidia-smi's words, the meaning and the fix (gpu_parsers).
+    "kernel_module": (
+        "{said}",
+        "Until it is loaded the verification fails: nvidia-smi, TensorFlow and every CUDA program see no GPU.",
     ),
     "skip_checks": (
         "gpu_preflight_skip_checks names an unknown check {name!r}{hint}",
@@ -340,6 +346,15 @@ def _gpu_count(facts: dict) -> list[dict[str, Any]]:
     return [{"expected": wanted, "seen": seen, "where": where, "bus_ids": ", ".join(bus_ids) or "none"}]
 
 
+def _kernel_module(facts: dict) -> list[dict[str, Any]]:
+    """The driver's user space is there but nvidia-smi says its kernel module is not (exit 9)."""
+    gpus = facts.get("gpus") or {}
+    if not gpus.get("module_not_loaded"):
+        return []
+    said = next((error for error in gpus.get("errors") or [] if " exited 9: " in error), "nvidia-smi exited 9.")
+    return [{"said": said}]
+
+
 def _mixed_models(facts: dict) -> list[dict[str, Any]]:
     gpus = facts.get("gpus") or {}
     return [{"models": ", ".join(gpus["models"])}] if len(set(gpus.get("models") or [])) > 1 else []
@@ -407,6 +422,7 @@ CHECKS = (
     ("installer_running", _installer_running, "host"),
     ("gpus_busy", _gpus_busy, "host"),
     ("gpu_count", _gpu_count, "host"),
+    ("kernel_module", _kernel_module, "hardware"),
     ("mixed_models", _mixed_models, "hardware"),
     ("pcie_width", _pcie_width, "hardware"),
     ("nvlink", _nvlink, "hardware"),

@@ -27,7 +27,8 @@ def gpu_ldconfig_problem(result: dict[str, Any] | None) -> str:
     if rc == 0 and not result.get("stderr"):
         return ""
     how = f"exited {rc}" if rc != 0 else "complained"
-    said = "; ".join(result.get("stderr_lines") or []) or "no message"
+    # ldconfig ends each complaint with an empty line (tests/fixtures/real_outputs/ldconfig-copied-cudnn-8.6.0.stderr).
+    said = "; ".join(line for line in result.get("stderr_lines") or [] if line.strip()) or "no message"
     return f"{CAUSE.format(how=how, said=said)} {FIX}"
 
 

@@ -147,6 +147,13 @@ ansible_facts:
           returned: always
           type: bool
           sample: true
+        module_not_loaded:
+          description:
+            - True when nvidia-smi is installed and exited 9, NVIDIA kernel module not loaded (nvidia-smi(1), RETURN
+              VALUE); RV(ansible_facts.gpu_facts.errors) has its message and the fix.
+          returned: always
+          type: bool
+          sample: false
         driver_version:
           description: Driver version from nvidia-smi, else from C(/proc/driver/nvidia/version); null when unknown.
           returned: always
@@ -545,6 +552,8 @@ def gather_gpu_facts(
         "source": source,
         # exit 6 ("No devices were found") comes after NVML initialised, so the driver answered.
         "driver_loaded": smi_rc in (0, 6) or proc_driver_version is not None,
+        # nvidia-smi is there and says the kernel module is not (exit 9): the driver's user space without it.
+        "module_not_loaded": smi_rc == NVIDIA_SMI_MODULE_NOT_LOADED_RC,
         "driver_version": driver_version,
         "count": len(gpus or []),
         "gpus": gpus or [],

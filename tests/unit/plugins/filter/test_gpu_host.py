@@ -383,7 +383,7 @@ def test_every_check_fires_in_order_with_its_exact_messages():
     )
     names = (
         "root, os, venv_occupied, disk, noexec, nouveau, secure_boot, kernel_headers, reboot_local, gpus_busy, "
-        "installer_running, gpu_count, mixed_models, pcie_width, nvlink"
+        "installer_running, gpu_count, kernel_module, mixed_models, pcie_width, nvlink"
     )
     skip_fix = f'Use the names {names}, as a list: -e \'{{"gpu_preflight_skip_checks": ["disk"]}}\'.'
     assert result["problems"][3:] == [
@@ -457,7 +457,7 @@ def test_hardware_advice_exact_messages():
 def test_check_table_messages_and_names_agree():
     running_order = (
         "root os venv_occupied disk noexec nouveau secure_boot kernel_headers reboot_local installer_running gpus_busy"
-        " gpu_count mixed_models pcie_width nvlink"
+        " gpu_count kernel_module mixed_models pcie_width nvlink"
     )
     assert [name for name, _check, _scope in gpu_host.CHECKS] == running_order.split()
     assert {name for name, _check, _scope in gpu_host.CHECKS} == set(gpu_host.HOST_CHECKS)
@@ -853,3 +853,24 @@ def test_host_facts_feed_the_check():
     result = gpu_host.check_host(built(reboot_allowed="true", connection="local"))
     assert checks(result) == ["venv_occupied", "reboot_local", "installer_running", "gpus_busy"]
     assert result["problems"][0]["cause"].startswith(f"{VENV} (venv of stack tf212) exists and is not a virtual")
+
+
+# nvidia_gpu_facts' error for Debian's real nvidia-smi 535.261.03 on a host without its kernel module
+# (tests/fixtures/nvidia_smi/real-535.261.03-no-module/query-gpu.txt, exit 9).
+REAL_EXIT_9 = (
+    (Path(__file__).resolve().parents[3] / "fixtures/nvidia_smi/real-535.261.03-no-module/query-gpu.txt").read_text().strip()
+)
+
+
+def test_a_driver_whose_kernel_module_is_not_loaded_is_named_and_the_run_goes_on():
+    said = f"/usr/bin/nvidia-smi --query-gpu exited 9: {REAL_EXIT_9} NVIDIA kernel module not loaded: on a host, ..."
+    gpus = {"count": 0, "module_not_loaded": True, "errors": [said], "pci_count": 2, "pci_source": "sysfs"}
+    result = gpu_host.check_host(facts(gpus=gpus, expected_gpu_count=2))
+    assert result["ok"] and result["problems"] == []
+    (warning,) = [w for w in result["warnings"] if w["check"] == "kernel_module"]
+    assert warning["cause"] == said and "NVIDIA kernel module not loaded" in warning["cause"]
+    assert "the verification fails" in warning["fix"]
+    strict = gpu_host.check_host(facts(gpus=gpus, expected_gpu_count=2), {"strict_hardware": True})
+    assert [p["check"] for p in strict["problems"]] == ["kernel_module"]
+    loaded = gpu_host.check_host(facts(gpus=dict(gpus, module_not_loaded=False), expected_gpu_count=2))
+    assert not [w for w in loaded["warnings"] if w["check"] == "kernel_module"]

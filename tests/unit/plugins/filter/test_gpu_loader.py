@@ -37,6 +37,18 @@ def test_every_line_is_named():
     assert f"cache: {lines[0]}; {lines[1]}. A file" in text
 
 
+def test_real_ldconfig_over_nvidias_cudnn_copied_without_its_links():
+    """Debian 12's ldconfig over NVIDIA's real cuDNN 8.6.0 libraries copied without cp -P: each complaint
+    ends with an empty line, which the message leaves out (tests/fixtures/real_outputs/README.md)."""
+    stderr = (ROOT / "tests/fixtures/real_outputs/ldconfig-copied-cudnn-8.6.0.stderr").read_text()
+    text = gpu_loader.gpu_ldconfig_problem({"rc": 0, "stderr": stderr, "stderr_lines": stderr.splitlines()})
+    assert text == (
+        "ldconfig complained while refreshing the loader cache: "
+        "ldconfig: /tmp/copied/libcudnn_ops_infer.so.8 is not a symbolic link; "
+        f"ldconfig: /tmp/copied/libcudnn.so.8 is not a symbolic link. {FIX}"
+    )
+
+
 def test_a_quiet_run_or_a_skipped_one_is_no_problem():
     assert gpu_loader.gpu_ldconfig_problem({"rc": 0, "stderr": "", "stderr_lines": []}) == ""
     assert gpu_loader.gpu_ldconfig_problem({"skipped": True, "changed": False}) == ""

@@ -505,6 +505,7 @@ def test_gather_no_driver_falls_back_to_lspci() -> None:
     facts = facts_module.gather_gpu_facts(host.run, host.find)
     assert facts["source"] == "lspci"
     assert facts["driver_loaded"] is False
+    assert facts["module_not_loaded"] is True
     assert facts["driver_version"] is None
     assert facts["count"] == 0
     assert facts["gpus"] == []
@@ -580,6 +581,7 @@ def test_gather_nothing_available() -> None:
     assert facts == {
         "source": "none",
         "driver_loaded": False,
+        "module_not_loaded": False,
         "driver_version": None,
         "count": 0,
         "gpus": [],
