@@ -17,6 +17,7 @@ Exit codes: 0 done; 1 pip failed.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -64,12 +65,29 @@ def download_command(lock: Path, dest: Path = WHEELHOUSE) -> list[str]:
             *PLATFORM, f"--python-version={python_version(lock)}", "--dest", str(dest)]  # fmt: skip
 
 
-def build(dest: Path = WHEELHOUSE) -> Path:
+# The clone's name for the machine's wheelhouse: Molecule's platforms mount it from there.
+CLONE_LINK = ROOT / "build" / "wheelhouse"
+
+
+def build(dest: Path = WHEELHOUSE, link: Path = CLONE_LINK) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
     with locked(dest, "download"):
         for lock in LOCKS:
             subprocess.run(download_command(lock, dest), check=True)
+    link_clone(dest, link)
     return dest
+
+
+def link_clone(dest: Path, link: Path) -> None:
+    """Point ``link`` (build/wheelhouse) at ``dest``, replacing a folder an older clone downloaded into."""
+    if link.is_symlink() and link.resolve() == dest.resolve():
+        return
+    if link.is_dir() and not link.is_symlink():
+        shutil.rmtree(link)
+    elif link.is_symlink() or link.exists():
+        link.unlink()
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(dest)
 
 
 def container_options() -> list[str]:
