@@ -10,8 +10,8 @@ for a container; the verification reads the real libcuda (535.x) and the real ru
 
 apt's downloads go to the machine's test cache (``apt-debian12/``), mounted as the host's
 ``/var/cache/apt/archives``: the packages are downloaded once per machine. A mirror's passing failure
-gets two more tries; when apt gives up, the test shows apt's own message. About a minute and a half
-on an idle 2-core machine.
+gets two more tries; when apt gives up, the test shows apt's own message. About 40 s on an idle
+2-core machine.
 """
 
 from __future__ import annotations
