@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from ansible_run import failures
-from sandbox_hosts import ROOT, STANDINS, site
+from sandbox_hosts import ROOT, SMALL_STANDINS, site
 
 LEGACY = "cudnn-11.8-linux-x64-v8.6.0.163.tgz"
 CURRENT = "cudnn-linux-x86_64-8.6.0.163_cuda11-archive.tar.xz"
@@ -30,7 +30,7 @@ def _artifacts_with(tmp_path: Path, *, legacy_contents: str) -> Path:
     """A copy of the stand-ins whose only cuDNN archive is LEGACY: built by the stand-in builder
     (``legacy_contents="legacy"``) or the current-form archive under the older name ("current")."""
     artifacts = tmp_path / legacy_contents
-    shutil.copytree(STANDINS, artifacts, symlinks=True)
+    shutil.copytree(SMALL_STANDINS, artifacts, symlinks=True)
     builder = ROOT / "tests/fixtures/nvidia/build_standins.py"
     subprocess.run(
         [sys.executable, str(builder), "--out", str(artifacts), "--cudnn", "8.6.0.163:11:legacy"],
@@ -63,7 +63,7 @@ def _artifacts_with_copies(tmp_path: Path) -> Path:
     """The current-form archive repacked with its symbolic links stored as copies (``tar -h``), as a
     repack or a zip round trip leaves it."""
     artifacts = tmp_path / "copies"
-    shutil.copytree(STANDINS, artifacts, symlinks=True)
+    shutil.copytree(SMALL_STANDINS, artifacts, symlinks=True)
     unpacked = tmp_path / "unpacked"
     unpacked.mkdir()
     subprocess.run(["tar", "-xJf", str(artifacts / CURRENT), "-C", str(unpacked)], check=True)

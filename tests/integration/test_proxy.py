@@ -4,15 +4,15 @@ The proxy runs in a container of its own, on the default podman network and on a
 (``podman network create --internal``: no route out). The host, started from the ``converged``
 snapshot (tests/snapshots.py) with a lock pin removed from its venv and pip's cache emptied, is only
 on the internal network: the proxy is its one way out, so pip can only have reached PyPI through it.
-The controller fetches NVIDIA's files (the stand-ins) from a mirror served by this test, also through
-the proxy. One inventory setting, ``gpu_preflight_proxy`` with ``user:password@``, reaches the host's
+The controller fetches NVIDIA's driver runfile (a stand-in) from a mirror served by this test, also
+through the proxy; it holds NVIDIA's real CUDA runfile and cuDNN archive already. One inventory setting, ``gpu_preflight_proxy`` with ``user:password@``, reaches the host's
 tasks; the controller's downloads take ``gpu_artifacts_proxy`` (the proxy's address on the other network).
 
 The same run has a second inventory host on the same container whose proxy is a port nothing listens
 on: it stops in preflight (the index try), naming the proxy with its password masked.
 
 Proved: preflight's index try, pip's install (CONNECT pypi.org and files.pythonhosted.org from the
-host's address) and the controller's artifact downloads (GET of each file) are in the proxy's access
+host's address) and the controller's artifact download (GET of the file) are in the proxy's access
 log; the mirror saw only the proxy; the host has no direct route; the good host converges and verifies;
 the password is in no output, report or host file. About 100 s on an idle 2-core machine.
 """
@@ -23,7 +23,6 @@ import functools
 import json
 import os
 import re
-import shutil
 import subprocess
 import threading
 import uuid
@@ -32,7 +31,7 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import yaml
 from ansible_run import latest_report
-from sandbox_hosts import IMAGE, ROOT, STANDINS, site, start_container, stop_container
+from sandbox_hosts import IMAGE, ROOT, STANDINS, link_or_copy, site, start_container, stop_container
 from snapshots import ensure
 
 pytestmark = pytest.mark.integration
@@ -41,7 +40,7 @@ USER = "fleet"
 SECRET = "pr0xy-S3cret"
 PORT = 3128
 VENV = "/opt/tensorflow/2.12"
-# A pin of the sandbox stack's lock (data/locks/tensorflow-cpu-2.12.1-py3.11.txt) that is a small wheel.
+# A pin of the sandbox stack's lock (data/locks/tensorflow-2.12.1-py3.11.txt) that is a small wheel.
 REMOVED = "six"
 OUTPUT = ROOT / "build" / "test-output" / "proxy.log"
 PREFLIGHT_PLAY = "Check the pinned stacks, the hosts and the artifacts before any change"
@@ -130,9 +129,13 @@ def proxied_run(tmp_path_factory):
         gateway = json.loads(podman("network", "inspect", "podman").stdout)[0]["subnets"][0]["gateway"]
         files = tmp / "mirror"
         files.mkdir()
-        needed = list(yaml.safe_load((STANDINS / "artifacts.yml").read_text())["artifacts"])
-        for name in needed:
-            shutil.copy(STANDINS / name, files / name)
+        (tmp / "nvidia").mkdir()
+        # The controller holds the CUDA runfile and the cuDNN archive already (hard links of NVIDIA's real
+        # files: gigabytes through tinyproxy would prove nothing more) and downloads the driver's through it.
+        artifacts_of = list(yaml.safe_load((STANDINS / "artifacts.yml").read_text())["artifacts"])
+        needed = [name for name in artifacts_of if name.startswith("NVIDIA-Linux-")]
+        for name in artifacts_of:
+            link_or_copy(str(STANDINS / name), str((files if name in needed else tmp / "nvidia") / name))
         mirror = Mirror(files, gateway)
         image = os.environ.get("GPU_SNAPSHOT_CONVERGED") or ensure("converged")
         host = start_container("gpu-proxy", f"--network={network}", image=image, wheelhouse=False)
@@ -151,7 +154,6 @@ def proxied_run(tmp_path_factory):
             "gpu_artifacts_mirror_url": mirror.url,
             "gpu_artifacts_proxy": controller_side,
         }
-        (tmp / "nvidia").mkdir()
         hosts = {
             host: {"gpu_preflight_proxy": {"url": good, "no_proxy": ["localhost"]}, **artifacts},
             "wrong-proxy": {

@@ -31,7 +31,9 @@ APT_CACHE = cache_dir() / "apt-debian12"
 PACKAGES = ["nvidia-smi", "libcuda1", "libnvidia-ml1"]
 NON_FREE = "s/ bookworm main$/ bookworm main contrib non-free non-free-firmware/"
 REAL = ROOT / "tests/fixtures/nvidia_smi/real-535.261.03-no-module"
-CONTAINER_FIRST = "NVIDIA kernel module not loaded: in a container the NVIDIA kernel module belongs to the host's kernel"
+CONTAINER_FIRST = (
+    "NVIDIA kernel module not loaded: in a container the NVIDIA kernel module belongs to the host's kernel"
+)
 MODULE = "(NVIDIA kernel module not loaded)"
 
 
@@ -49,7 +51,9 @@ def apt_get(host: str, *argv: str, tries: int = 3) -> None:
             return
         if attempt < tries:
             time.sleep(10 * attempt)
-    pytest.fail(f"`apt-get {' '.join(argv)}` failed {tries} times (exit {done.returncode}):\n{done.stdout[-2000:]}{done.stderr}")
+    pytest.fail(
+        f"`apt-get {' '.join(argv)}` failed {tries} times (exit {done.returncode}):\n{done.stdout[-2000:]}{done.stderr}"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +77,7 @@ def test_the_host_holds_debians_driver_packages_and_no_stand_in(real_driver):
     listed = podman_exec(host, "dpkg-query", "-W", "-f", "${Package} ${Version} ${Maintainer}\\n", *PACKAGES)
     assert listed.returncode == 0, listed.stderr
     for line in listed.stdout.splitlines():
-        name, version, maintainer = line.split(" ", 2)
+        _name, version, maintainer = line.split(" ", 2)
         assert version.startswith("535.") and "Debian NVIDIA Maintainers" in maintainer, line
     assert podman_exec(host, "test", "-e", "/var/lib/nvidia-standin/installed-files").returncode != 0
 

@@ -17,7 +17,7 @@ import sys
 import uuid
 
 from ansible_run import latest_report
-from sandbox_hosts import ROOT, STANDINS, site
+from sandbox_hosts import ROOT, SMALL_STANDINS, site
 
 sys.path.insert(0, str(ROOT / "tests/fixtures/mirror"))
 
@@ -43,7 +43,7 @@ def test_mirror_credentials_never_show_and_nothing_is_world_writable(fresh_host,
     secrets.write_text(f"gpu_artifacts_mirror_username: {user}\ngpu_artifacts_mirror_password: {password}\n")
     controller, reports = tmp_path / "controller", tmp_path / "reports"
     controller.mkdir()
-    with CountingMirror(STANDINS, credentials=(user, password)) as mirror:
+    with CountingMirror(SMALL_STANDINS, credentials=(user, password)) as mirror:
         run = site(
             inventory,
             "-vvv",
@@ -80,7 +80,7 @@ def test_credentials_in_the_mirror_url_stay_out_of_the_error(fresh_host, tmp_pat
     user, password = f"user-{uuid.uuid4().hex}", f"pass-{uuid.uuid4().hex}"
     # One file missing, so the unreachable mirror costs one file's retries, not three.
     controller = tmp_path / "controller"
-    shutil.copytree(STANDINS, controller)
+    shutil.copytree(SMALL_STANDINS, controller)
     (controller / FILES[0]).unlink()
     run = site(
         inventory,

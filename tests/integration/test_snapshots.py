@@ -38,7 +38,7 @@ def test_a_host_from_the_snapshot_holds_the_converged_stack():
         probe = (
             "readlink /usr/local/cuda && cat /var/lib/gpu_fleet/nvidia_driver.done && "
             "cat /opt/tensorflow/2.12/tf-lock.sha256 && "
-            "/opt/tensorflow/2.12/bin/python -c 'import importlib.metadata as m; print(m.version(\"tensorflow-cpu\"))'"
+            "/opt/tensorflow/2.12/bin/python -c 'import importlib.metadata as m; print(m.version(\"tensorflow\"))'"
         )
         done = subprocess.run(["podman", "exec", name, "sh", "-c", probe], capture_output=True, text=True)
         assert done.returncode == 0, done.stderr
