@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import load_builder
 
 VERIFY_DIR = Path(__file__).resolve().parents[3] / "files" / "verify"
 sys.path.insert(0, str(VERIFY_DIR))
@@ -637,28 +638,12 @@ def test_probe_records_after_the_one_that_died_are_not_probed() -> None:
 
 
 def _gcc_library(folder: Path, soname: str, source: str) -> Path:
-    """A small shared library built with gcc (the flags build_standins.py uses)."""
+    """A small shared library built with gcc as the stand-ins are (build_standins.gcc_shared_library)."""
     if not shutil.which("gcc"):
         pytest.skip("gcc is needed to build the test libraries (apt-get install gcc)")
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "lib.c").write_text(source)
-    target = folder / soname
-    subprocess.run(
-        [
-            "gcc",
-            "-shared",
-            "-fPIC",
-            "-O2",
-            "-Wall",
-            "-Werror",
-            f"-Wl,-soname,{soname}",
-            "-o",
-            str(target),
-            str(folder / "lib.c"),
-        ],
-        check=True,
-    )
-    return target
+    return load_builder().gcc_shared_library(folder / "lib.c", folder / soname, soname)
 
 
 ABORTING_CUDNN = r"""
