@@ -858,7 +858,9 @@ def test_host_facts_feed_the_check():
 # nvidia_gpu_facts' error for Debian's real nvidia-smi 535.261.03 on a host without its kernel module
 # (tests/fixtures/nvidia_smi/real-535.261.03-no-module/query-gpu.txt, exit 9).
 REAL_EXIT_9 = (
-    (Path(__file__).resolve().parents[3] / "fixtures/nvidia_smi/real-535.261.03-no-module/query-gpu.txt").read_text().strip()
+    (Path(__file__).resolve().parents[3] / "fixtures/nvidia_smi/real-535.261.03-no-module/query-gpu.txt")
+    .read_text()
+    .strip()
 )
 
 
