@@ -1068,7 +1068,7 @@ def _notes_html(report: dict[str, Any]) -> str:
         kind = "hosts" if set(whom) <= set(report["hosts"]) else "hosts and stacks"
         every = set(whom) == set(report["hosts"])
         hosts = f"all {len(whom)} hosts" if every else f"{len(whom)} {kind}: " + ", ".join(whom)
-        items.append(f'<li>{esc(text)} <span class="hosts">({esc(hosts)})</span></li>')
+        items.append(f'<li>{esc(text)} <span class="hosts">({_words(hosts)})</span></li>')
     return f'<h2>Notes</h2><ul id="notes">{"".join(items)}</ul>\n' if items else ""
 
 
