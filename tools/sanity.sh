@@ -34,7 +34,8 @@ if [[ "${1:-}" == --core ]]; then
 fi
 python_version="$(python -c "import sys; sys.path.insert(0, 'tests'); import ansible_cores; print(ansible_cores.PYTHON['$core'])")"
 core_dir="$(python tests/ansible_cores.py "$core")"
-dist="$root/build/dist"
+# One folder per line: `sanity` and `sanity:newest` run side by side and each rebuilds its tarball.
+dist="$root/build/dist-$core"
 install_root="$root/build/sanity-$core"
 collection="$install_root/ansible_collections/gpu_fleet/tf_hosts"
 sanity_home="$root/build/sanity-home-$core"
