@@ -5,11 +5,14 @@ Each value is one of
 
 * a ``gpu_verify.py`` document (schema 1),
 * a list of such documents (one per TensorFlow stack/venv on that host), shown one row each,
-* ``{"unreachable": true, "error": "...", "failed": "...", "connection": "..."}`` for a host that
-  left the play before verification: ``error`` is Ansible's message when it was unreachable,
-  ``failed`` the failed task and its message when a task failed (either null when the run kept
-  none: the callback plugin gpu_fleet.tf_hosts.host_failures keeps them), ``connection`` its
-  ``ansible_connection`` (default ssh), which picks the fix (:data:`UNREACHABLE_FIXES`),
+* ``{"unreachable": bool, "error": "...", "failed": "...", "failed_check": "...", "connection": "..."}``
+  for a host that left the play before verification: ``error`` is Ansible's message when it was
+  unreachable, ``failed`` the failed task and its message when a task failed and ``failed_check`` where
+  (``preflight``, or the task's role; any null when the run kept none: the callback plugin
+  gpu_fleet.tf_hosts.host_failures keeps them), ``connection`` its ``ansible_connection`` (default
+  ssh), which picks the fix (:data:`UNREACHABLE_FIXES`). A host with ``failed`` and ``unreachable``
+  false was stopped by a check or a step: it is failed in that check (``failed (check preflight)``),
+  never counted unreachable (:func:`left_problem`),
 * ``{"ok": false, "problems": [{"check", "cause", "fix"}]}`` for a host whose verification could
   not run.
 
@@ -174,20 +177,47 @@ UNREACHABLE_FIX_OTHER = (
 UNREACHABLE_NO_MESSAGE = "unreachable or failed earlier in this run (see the run's output above)"
 
 
-def unreachable_problem(doc: dict[str, Any], host: str) -> dict[str, str]:
+# The check of a host stopped by a failed task before verification when the run kept no ``failed_check``.
+FAILED_CHECK = "failed"
+# gpu_verify_failed_check of the checks before any change (playbooks/tasks/checks.yml).
+PREFLIGHT = "preflight"
+
+
+def left_the_play(doc: Any) -> bool:
+    """Whether a host result is that of a host that left the play before verification: unreachable, or
+    stopped by a failed task (the filter gpu_verify_collect's document for it, no verification document)."""
+    if not isinstance(doc, dict):
+        return False
+    return bool(doc.get("unreachable")) or (bool(doc.get("failed")) and not any(key in doc for key in DOCUMENT_KEYS))
+
+
+def failed_problem(doc: dict[str, Any]) -> dict[str, str]:
+    """The one problem of a host stopped by a failed task before verification: failed in its check
+    (``failed_check``: ``preflight``, the checks before any change, or the step's role), never unreachable."""
+    check = str(doc.get("failed_check") or FAILED_CHECK)
+    if check == PREFLIGHT:
+        where = f"Host failed (check {PREFLIGHT}) before any change"
+    elif doc.get("failed_check"):
+        where = f"Host failed (step {check}) before verification"
+    else:
+        where = "Host failed before verification"
+    return {
+        "check": check,
+        "cause": f"{where}, at {doc['failed']}",
+        "fix": "fix what that task's message names (the run's output above has the task in full), then rerun",
+    }
+
+
+def left_problem(doc: dict[str, Any], host: str) -> dict[str, str]:
     """The one problem of a host that left the play before verification: Ansible's unreachable
     message (``error``) with the fix for its ``connection`` (default ssh), or the task that failed
-    (``failed``), or, when the run kept neither, a pointer to the run's output."""
+    (``failed``, :func:`failed_problem`), or, when the run kept neither, a pointer to the run's output."""
     connection = str(doc.get("connection") or "ssh")
     fix = UNREACHABLE_FIXES.get(connection, UNREACHABLE_FIX_OTHER).format(host=host, connection=connection)
     if doc.get("error"):
         return {"check": "unreachable", "cause": f"Host unreachable: {doc['error']}", "fix": fix}
     if doc.get("failed"):
-        return {
-            "check": "unreachable",
-            "cause": f"Host failed before verification, at {doc['failed']}",
-            "fix": "fix what that task's message names (the run's output above has the task in full), then rerun",
-        }
+        return failed_problem(doc)
     return {
         "check": "unreachable",
         "cause": f"Host {UNREACHABLE_NO_MESSAGE}.",
@@ -206,8 +236,8 @@ def host_problems(doc: Any, host: str = "<host>") -> list[dict[str, str]]:
                 "fix": "check the gpu_verify role's fetch step for this host",
             }
         ]
-    if doc.get("unreachable"):
-        return [unreachable_problem(doc, host)]
+    if left_the_play(doc):
+        return [left_problem(doc, host)]
     problems = [p for p in doc.get("problems") or [] if isinstance(p, dict)]
     if not problems and doc.get("ok") is not True:
         problems = [
@@ -301,7 +331,7 @@ NO_DOCUMENT_CHECK = "verification"
 
 def has_document(doc: Any) -> bool:
     """Whether a host result is a gpu_verify.py document (its checks ran or were tried)."""
-    return isinstance(doc, dict) and not doc.get("unreachable") and any(key in doc for key in DOCUMENT_KEYS)
+    return isinstance(doc, dict) and not left_the_play(doc) and any(key in doc for key in DOCUMENT_KEYS)
 
 
 def _gpu_count_outcome(doc: Any, _outcomes: dict[str, Any]) -> tuple[str, str | None]:
