@@ -30,6 +30,7 @@ from ansible_collections.gpu_fleet.tf_hosts.plugins.lookup.collection_path impor
     documented_options,
     option_names,
     role_names,
+    role_of,
 )
 from ansible_collections.gpu_fleet.tf_hosts.plugins.plugin_utils.role_input import role_input
 
@@ -106,10 +107,12 @@ def role_problems(role: str, variables: dict[str, Any], template: Callable[[Any]
     return problems + host_path_problems(role, values, specs)
 
 
-def owner(name: str, roles: list[str]) -> str | None:
+def owner(name: str) -> str | None:
     """The role whose name, then ``_``, starts ``name`` (the longest such); none for another name."""
-    matches = [role for role in roles if name.startswith(role + "_")]
-    return max(matches, key=len) if matches else None
+    try:
+        return role_of(name)
+    except AnsibleLookupError:
+        return None
 
 
 def unknown_variable(name: str, role: str, roles: list[str]) -> str:
@@ -139,8 +142,8 @@ def unknown_variables(names: Iterable[str]) -> list[str]:
     roles = role_names()
     known = run_variables()
     problems = []
-    for name in sorted(names):
-        role = owner(name, roles) if isinstance(name, str) and name not in known else None
+    for name in sorted(name for name in names if isinstance(name, str) and name not in known):
+        role = owner(name)
         if role is not None and name not in option_names(role):
             problems.append(unknown_variable(name, role, roles))
     return problems
