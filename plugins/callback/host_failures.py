@@ -57,12 +57,14 @@ COMMAND_TAIL = re.compile(r"\s*Failed command was:.*$", re.DOTALL)
 
 def result_message(result: dict[str, Any]) -> str:
     """Ansible's message of one result: those of its failed loop items (a loop's own ``msg`` is only
-    "One or more items failed"), else ``msg``, else the end of ``stderr``; without the 2.19
+    "One or more items failed"), else ``msg`` (a list of them joined), else the end of ``stderr``; without the 2.19
     ``Task failed:`` prefix and the quoted failed command, on one line, at most :data:`MAX_CHARS`
     characters."""
     items = result.get("results") if isinstance(result.get("results"), list) else []
     failed = [str(item["msg"]) for item in items if isinstance(item, dict) and item.get("failed") and item.get("msg")]
     text = " | ".join(PREFIX.sub("", message) for message in failed) or result.get("msg")
+    if isinstance(text, list):  # a task's list of messages reads as its sentences, not as a Python list
+        text = " ".join(str(item) for item in text)
     if not text:
         stderr = str(result.get("stderr") or "").strip().splitlines()
         text = stderr[-1] if stderr else f"rc={result.get('rc')}" if "rc" in result else "no message"

@@ -56,6 +56,7 @@ ALTERED_WHEEL = ((WHEELHOUSE / WHEEL).read_bytes() if (WHEELHOUSE / WHEEL).is_fi
 OUTPUT = ROOT / "build" / "test-output" / "bad-input-suite.log"
 PROXY_SECRET = "inventory-S3cret"  # the password of a malformed proxy URL, never shown
 ERROR_PAGE = b"<!DOCTYPE html><html><body>403 Forbidden</body></html>\n"
+EXAMPLE_OVERLAY = ROOT / "manifests/gpu_hosts-artifacts-local.yml"  # the example fleet's, with its placeholders
 
 
 def _sha256(data: bytes) -> str:
@@ -421,6 +422,30 @@ CASES = [
         "not_root", {"ansible_user": "deploy", "ansible_become": False}, ("Tasks run as deploy", "not root", "become")
     ),
     Case("unsupported_os", {}, ("Debian 11 is not a supported OS", "Use a supported release"), container="os"),
+    # Ansible ignores a variable no task reads: the default driver would be installed, rc 0.
+    Case(
+        "role_variable_misspelt",
+        {"nvidia_driver_versoin": "535.104.05"},
+        ("nvidia_driver_versoin is no option of the role nvidia_driver", "(did you mean nvidia_driver_version?)"),
+    ),
+    Case(
+        "tensorflow_patch_above_matrix",
+        stacks({"tensorflow": "2.12.9"}),
+        (
+            "TensorFlow 2.12.9 is not in the version matrix: the newest 2.12 release it knows is 2.12.1",
+            "which takes 2.12.1",
+        ),
+    ),
+    # A copy of the example fleet as it comes: its overlay pins the driver and cuDNN with a placeholder.
+    Case(
+        "example_overlay_placeholder",
+        {"gpu_preflight_manifest_overlays": [str(STANDINS / "artifacts.yml"), str(EXAMPLE_OVERLAY)]},
+        (
+            "cudnn-linux-x86_64-8.6.0.163_cuda11-archive.tar.xz has the placeholder "
+            f"'replace-with-the-sha256-of-your-file' as its sha256 in {EXAMPLE_OVERLAY}",
+            "`sha256sum cudnn-linux-x86_64-8.6.0.163_cuda11-archive.tar.xz` prints it",
+        ),
+    ),
 ]
 
 

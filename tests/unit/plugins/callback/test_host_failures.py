@@ -69,6 +69,13 @@ def test_message_without_msg_is_the_last_stderr_line_or_the_rc() -> None:
     assert host_failures.result_message({}) == "no message"
 
 
+def test_a_list_of_messages_reads_as_sentences() -> None:
+    data = {"msg": ["4 GPUs expected, 2 seen. Reseat them.", "Tasks run as deploy, not root. Become root."]}
+    assert host_failures.result_message(data) == (
+        "4 GPUs expected, 2 seen. Reseat them. Tasks run as deploy, not root. Become root."
+    )
+
+
 def test_message_is_bounded() -> None:
     text = host_failures.result_message({"msg": "x" * 2000})
     assert len(text) == host_failures.MAX_CHARS and text.endswith("…")
