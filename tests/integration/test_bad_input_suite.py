@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from ansible_collections.gpu_fleet.tf_hosts.plugins.module_utils.gpu_lock import lock_hashes
+from ansible_collections.gpu_fleet.tf_hosts.plugins.module_utils.gpu_lock import lock_hashes, normalize_name
 from ansible_run import latest_report
 from sandbox_hosts import ROOT, STANDINS, link_or_copy, site, start_container, start_converged, stop_container
 from wheelhouse import WHEELHOUSE
@@ -446,6 +446,25 @@ CASES = [
             "`sha256sum cudnn-linux-x86_64-8.6.0.163_cuda11-archive.tar.xz` prints it",
         ),
     ),
+    Case(
+        "pci_folder_missing",
+        {"gpu_preflight_pci_devices_path": "/nonexistent/pci-devices"},
+        (
+            "/nonexistent/pci-devices does not exist (gpu_preflight_pci_devices_path)",
+            "Set gpu_preflight_pci_devices_path to /sys/bus/pci/devices",
+        ),
+    ),
+    # The altered wheel's case after its old advice ("remove the others"): the lock's wheels without six.
+    Case(
+        "wheelhouse_incomplete_after_advice",
+        {"tf_venv_wheelhouse": "{{ gpu_artifacts_controller_dir | dirname }}/wheelhouse-incomplete"},
+        (
+            "(tf_venv_wheelhouse) does not hold the wheels of the lock tensorflow-2.12.1-py3.11.txt for CPython 3.11",
+            "no locked wheel of six==1.17.0",
+            "pip download --dest",
+            "Nothing was pushed to the host",
+        ),
+    ),
 ]
 
 
@@ -466,6 +485,7 @@ def _artifacts(tmp: Path) -> tuple[Path, Path]:
     wheelhouse = tmp / "wheelhouse"
     wheelhouse.mkdir()
     (wheelhouse / WHEEL).write_bytes(ALTERED_WHEEL)
+    _incomplete_wheelhouse(tmp / "wheelhouse-incomplete")
     folder = tmp / "artifacts"
     # Hard links where the file system allows (NVIDIA's real files are gigabytes; nothing here writes to them).
     shutil.copytree(STANDINS, folder, symlinks=True, copy_function=link_or_copy)
@@ -487,6 +507,16 @@ def _artifacts(tmp: Path) -> tuple[Path, Path]:
     overlay = tmp / "bad-artifacts.yml"
     overlay.write_text(yaml.safe_dump({"artifacts": entries}))
     return folder, overlay
+
+
+def _incomplete_wheelhouse(folder: Path) -> None:
+    """The session wheelhouse's wheels of the sandbox's lock, all but six's (the altered wheel removed)."""
+    folder.mkdir()
+    pins = lock_hashes((ROOT / "data/locks/tensorflow-2.12.1-py3.11.txt").read_text())
+    for wheel in WHEELHOUSE.glob("*.whl") if WHEELHOUSE.is_dir() else []:
+        name, version = wheel.name.split("-")[:2]
+        if name.lower() != "six" and pins.get(normalize_name(name), ("",))[0] == version:
+            link_or_copy(str(wheel), str(folder / wheel.name))
 
 
 def _listing(name: str) -> list[str]:
