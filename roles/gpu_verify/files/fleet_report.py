@@ -682,7 +682,16 @@ def health_headline(health: Any) -> str:
     if status == NOT_CHECKED:
         return f"{NOT_CHECKED}: {NOT_CHECKED_REASON}"
     count = f", {_count(len(_findings(health)), 'finding')}" if status == UNHEALTHY else ""
-    return f"{status}{count}{dcgm_summary(health)} (checked {_get(health, 'checked_at') or 'at an unknown time'})"
+    checked = f"(checked {_get(health, 'checked_at') or 'at an unknown time'})"
+    return f"{status}{count}{dcgm_summary(health)} {checked}{moved_summary(health)}"
+
+
+def moved_summary(health: Any) -> str:
+    """``; moved on purpose by this run: driver 520.61.05 -> 555.42.06``: what the run changed on purpose, which
+    the health check judged against the run's pins, not the baseline's (gpu_health.py's ``moved``)."""
+    moved = _get(health, "moved")
+    texts = [str(text) for text in moved if text] if isinstance(moved, list) else []
+    return f"; moved on purpose by this run: {'; '.join(texts)}" if texts else ""
 
 
 def dcgm_summary(health: Any) -> str:
@@ -731,11 +740,12 @@ def health_line(summary: dict[str, Any]) -> str | None:
 
 def health_details(report: dict[str, Any]) -> list[tuple[str, str, list[tuple[str, str, str]]]]:
     """``(host, headline, items)`` of each host whose health needs a look: unhealthy (each finding) or
-    could not check (why, and the fix); the table's ``health`` column has the others."""
+    could not check (why, and the fix), or where the run moved something on purpose (the headline says what);
+    the table's ``health`` column has the others."""
     return [
         (name, health_headline(host.get("health")), health_items(host.get("health")))
         for name, host in report["hosts"].items()
-        if health_status(host.get("health")) in (UNHEALTHY, COULD_NOT_CHECK)
+        if health_status(host.get("health")) in (UNHEALTHY, COULD_NOT_CHECK) or moved_summary(host.get("health"))
     ]
 
 
