@@ -65,7 +65,9 @@ skipped or the diagnostic hung). ``Warn`` results are listed in the text report,
 Then it writes Prometheus metrics for node_exporter's textfile collector (``--textfile``, written to
 a temporary file in the same folder, then renamed over the old one, so the collector never reads
 half a file), prints a short report (or JSON with ``--format json``) and records the time of this
-check (``--state``), so the next run reads the kernel log only from then on. The state is written
+check (``--state``), so the next run reads the kernel log only from then on. Where no node_exporter on
+the host reads the textfile's folder (gpu_health_checks.textfile_note), the report's ``notes`` (``[{"cause",
+"fix"}]``, else []) say so; never a finding. The state is written
 only when the check ran; after a run that could not check, the next one reads the same window again.
 ``--no-record`` only looks: neither the metrics nor the state are written, so the next recorded check
 still reports every Xid since the last one (the ``gpu-health`` command the role installs passes it,
@@ -118,17 +120,9 @@ exits 2. On success it prints the baseline (text, or JSON ``{"recorded", "path",
 State (``--state``): ``{"last_check_epoch": 1717171717.0, "last_check": "2024-05-31T16:08:37Z"}``.
 
 Metrics (names ``gpu_fleet_health_*``, base units, ``_total`` only on counters; per-GPU series carry a
-``bus_id`` label): ``up`` (1 when the check ran, 0 when it could not check),
-``last_run_timestamp_seconds``, ``check_ok{check}`` (each check that ran), ``check_skipped{check}``
-(1 per skipped check), ``finding{check,bus_id}`` (the number of findings, 1 each; ``bus_id=""`` for
-the host), ``gpu_present``, ``gpu_on_pci_bus`` (1 on the bus, 0 gone; when the bus was read),
-``pcie_link_generation[_max]``, ``pcie_link_width[_max]``, ``nvlink_active_links``, ``nvlink_expected_links``,
-``ecc_uncorrected_volatile_errors_total``, ``ecc_uncorrected_aggregate_errors_total``,
-``retired_pages_pending``, ``remapped_rows_pending``, ``remapped_rows_failure``,
-``clocks_event_active{reason}``, ``persistence_mode``, ``xid_events{xid}`` (since the last check),
-``driver_info{user_space,kernel_module,baseline}`` and, when DCGM's diagnostic ran,
-``dcgm_test_passed{test,gpu}`` (1 passed or warned, 0 failed; ``gpu`` DCGM's GPU id, empty for a
-test's overall result; none for a skipped test). Format: "Exposition formats", text format
+``bus_id`` label): each with its type, labels and meaning in the table "The health metrics" of
+docs/monitoring.md, whose meanings are the HELP texts written here (tests/unit/monitoring/test_rules.py
+keeps the table and :func:`render_metrics` equal). Format: "Exposition formats", text format
 (https://prometheus.io/docs/instrumenting/exposition_formats/); names after "Metric and label
 naming" (https://prometheus.io/docs/practices/naming/).
 
@@ -1274,7 +1268,7 @@ GPU_METRICS = (
         "gpu_fleet_health_retired_pages_pending",
         "retired_pages_pending",
         "gauge",
-        "1 when memory pages wait for retirement (a reset applies it).",
+        "1 when memory pages wait for retirement (a driver reload or reboot applies it).",
     ),
     (
         "gpu_fleet_health_remapped_rows_pending",
@@ -1330,7 +1324,7 @@ def _run_families(report: dict[str, Any]) -> list[Family]:
         (
             "gpu_fleet_health_check_skipped",
             "gauge",
-            "1 when the check was skipped because its input could not be read; the report says why.",
+            "1 when the check was skipped, wholly or partly, because its input could not be read; the report says why.",
             [({"check": check}, 1) for check in report.get("skipped") or {}],
         ),
         (
@@ -1369,7 +1363,12 @@ def _gpu_families(report: dict[str, Any]) -> list[Family]:
         xids[(event["bus_id"], event["xid"])] = xids.get((event["bus_id"], event["xid"]), 0) + 1
     samples = [({"bus_id": bus_id, "xid": str(xid)}, count) for (bus_id, xid), count in sorted(xids.items())]
     families.append(
-        ("gpu_fleet_health_xid_events", "gauge", "Xid events in the kernel log since the previous check.", samples)
+        (
+            "gpu_fleet_health_xid_events",
+            "gauge",
+            "Xid events in the kernel log since the previous recorded check.",
+            samples,
+        )
     )
     help_text = "1 when the DCGM diagnostic's test passed on the GPU, 0 when it failed (gpu empty: the test overall)."
     families.append(("gpu_fleet_health_dcgm_test_passed", "gauge", help_text, checks.dcgm_samples(report.get("dcgm"))))
@@ -1384,8 +1383,9 @@ def render_metrics(report: dict[str, Any]) -> str:
 
 def render_text(report: dict[str, Any]) -> str:
     """The short report for people."""
+    notes = "".join(f"  [note] {item['cause']}\n      Fix: {item['fix']}\n" for item in report.get("notes") or [])
     if not report["up"]:
-        return f"gpu_health: COULD NOT CHECK: {report['error']['cause']}\n  Fix: {report['error']['fix']}\n"
+        return f"gpu_health: COULD NOT CHECK: {report['error']['cause']}\n  Fix: {report['error']['fix']}\n" + notes
     present = sum(1 for row in report["gpus"] if row.get("present"))
     listed = f"{present} GPU(s)" if "nvidia_smi" in report["checks"] else "GPUs not listed (nvidia-smi failed)"
     driver = report["driver"].get("kernel_module") or report["driver"].get("user_space") or "unknown"
@@ -1395,7 +1395,7 @@ def render_text(report: dict[str, Any]) -> str:
         f"{len(report['xid_events'])} Xid event(s) since the last check; checked {report['checked_at']}"
     ]
     lines += outcome_lines(report["findings"], report.get("skipped") or {}) + checks.dcgm_lines(report.get("dcgm"))
-    return "\n".join(lines + moved_lines(report.get("moved") or [])) + "\n"
+    return "\n".join(lines + moved_lines(report.get("moved") or [])) + "\n" + notes
 
 
 LOOKED_ONLY = (
@@ -1912,7 +1912,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         report = hung_report(now, exc)
     except CouldNotCheck as exc:
         report = failed_report(now, exc)
-    publish(name_kernel_log(report, args.kernel_log), args)
+    note = checks.textfile_note(args.textfile)  # metrics that no node_exporter serves: said, never a finding
+    publish({**name_kernel_log(report, args.kernel_log), "notes": [note] if note else []}, args)
     return int(report["exit_code"])
 
 

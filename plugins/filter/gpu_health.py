@@ -44,20 +44,27 @@ def _moved(report: dict[str, Any]) -> str:
     return f" {MOVED}: {'; '.join(texts)}." if texts else ""
 
 
+def _notes(report: dict[str, Any]) -> str:
+    """`` Note: <cause> Fix: <fix>`` for each of the report's notes (metrics no node_exporter serves), or ''."""
+    notes = [item for item in report.get("notes") or [] if isinstance(item, dict)]
+    return "".join(f" Note: {item.get('cause')} Fix: {item.get('fix')}" for item in notes)
+
+
 def gpu_health_summary(report: dict[str, Any], host: str) -> str:
     """``{{ gpu_health_report | gpu_fleet.tf_hosts.gpu_health_summary(inventory_hostname) }}``."""
     if not report.get("up"):
         error = report.get("error") or {}
-        return f"GPU health of {host} could not be checked: {error.get('cause')} {error.get('fix')}".strip()
+        said = f"GPU health of {host} could not be checked: {error.get('cause')} {error.get('fix')}".strip()
+        return said + _notes(report)
     findings = report.get("findings") or []
     if not findings:
-        return f"GPU health of {host}: healthy.{_moved(report)}"
+        return f"GPU health of {host}: healthy.{_moved(report)}{_notes(report)}"
     parts = [
         f"[{item.get('check')}{' ' + item['bus_id'] if item.get('bus_id') else ''}] {item.get('cause')} "
         f"Fix: {item.get('fix')}"
         for item in findings
     ]
-    return f"GPU health of {host}: {len(findings)} finding(s): " + " | ".join(parts) + _moved(report)
+    return f"GPU health of {host}: {len(findings)} finding(s): " + " | ".join(parts) + _moved(report) + _notes(report)
 
 
 def gpu_health_outcome(stdout: str, stderr: str = "") -> dict[str, Any]:
@@ -304,7 +311,7 @@ def gpu_health_check(run: dict[str, Any], command: str, host: str) -> dict[str, 
         report = None
     if not isinstance(report, dict):
         return {"problem": MESSAGES["no_report"].text(command=command, host=host, rc=rc, error=""), "summary": None}
-    said = report.get("exit_code") != 0 or bool(report.get("moved"))
+    said = report.get("exit_code") != 0 or bool(report.get("moved")) or bool(report.get("notes"))
     return {"problem": None, "summary": gpu_health_summary(report, host) if said else None}
 
 

@@ -740,13 +740,23 @@ def health_line(summary: dict[str, Any]) -> str | None:
 
 def health_details(report: dict[str, Any]) -> list[tuple[str, str, list[tuple[str, str, str]]]]:
     """``(host, headline, items)`` of each host whose health needs a look: unhealthy (each finding) or
-    could not check (why, and the fix), or where the run moved something on purpose (the headline says what);
-    the table's ``health`` column has the others."""
-    return [
-        (name, health_headline(host.get("health")), health_items(host.get("health")))
-        for name, host in report["hosts"].items()
-        if health_status(host.get("health")) in (UNHEALTHY, COULD_NOT_CHECK) or moved_summary(host.get("health"))
-    ]
+    could not check (why, and the fix), or where the run moved something on purpose (the headline says what) or
+    the check left a note (each with its fix); the table's ``health`` column has the others."""
+    details = []
+    for name, host in report["hosts"].items():
+        health = host.get("health")
+        items = health_items(health) + note_items(health)
+        if health_status(health) in (UNHEALTHY, COULD_NOT_CHECK) or items or moved_summary(health):
+            details.append((name, health_headline(health), items))
+    return details
+
+
+def note_items(health: Any) -> list[tuple[str, str, str]]:
+    """``("note", cause, fix)`` of each of the health report's notes: said, never a finding (metrics that no
+    node_exporter on the host serves)."""
+    notes = _get(health, "notes")
+    items = [item for item in notes if isinstance(item, dict)] if isinstance(notes, list) else []
+    return [("note", str(item.get("cause")), str(item.get("fix") or "-")) for item in items]
 
 
 def build_report(results: dict[str, Any], run_id: str | None, now: datetime.datetime | None = None) -> dict[str, Any]:

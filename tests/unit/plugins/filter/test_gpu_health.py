@@ -319,3 +319,15 @@ def test_what_the_run_moved_is_said_with_a_healthy_host():
     assert check == {"problem": None, "summary": summary}
     quiet = health_filters.gpu_health_check({"rc": 0, "stdout": json.dumps({**report, "moved": []})}, "gpu-health", "a")
     assert quiet == {"problem": None, "summary": None}
+
+
+def test_metrics_that_no_node_exporter_serves_are_said_with_the_fix():
+    note = {
+        "cause": "The health metrics go to /x/gpu_fleet_health.prom, but no node_exporter runs.",
+        "fix": "Install it.",
+    }
+    report = {"up": True, "exit_code": 0, "findings": [], "notes": [note]}
+    summary = health_filters.gpu_health_summary(report, "gpu-a")
+    assert summary == f"GPU health of gpu-a: healthy. Note: {note['cause']} Fix: Install it."
+    check = health_filters.gpu_health_check({"rc": 0, "stdout": json.dumps(report)}, "gpu-health", "gpu-a")
+    assert check["summary"] == summary

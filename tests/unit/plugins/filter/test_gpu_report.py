@@ -205,6 +205,7 @@ def _compact(status: str, findings: list | None = None, error: dict | None = Non
         "error": error,
         "dcgm": None,
         "moved": [],
+        "notes": [],
     }
 
 
@@ -227,7 +228,7 @@ def test_collect_carries_each_hosts_health_compact_and_none_without_the_fact():
         host: [health, health] for host, health in expected.items()
     }
     # compact: not the GPU rows, the driver, the checks or the XID events
-    assert set(report["sick"][0]["health"]) == {"status", "checked_at", "findings", "error", "dcgm", "moved"}
+    assert set(report["sick"][0]["health"]) == {"status", "checked_at", "findings", "error", "dcgm", "moved", "notes"}
 
 
 def test_what_the_run_moved_on_purpose_is_carried_as_its_words():
