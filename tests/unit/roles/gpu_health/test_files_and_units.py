@@ -110,6 +110,9 @@ def test_the_systemd_units_verify(tmp_path):
     units = [str(out / "gpu-health.service"), str(out / "gpu-health.timer")]
     done = subprocess.run(["systemd-analyze", "verify", *units], capture_output=True, text=True)
     assert (done.returncode, done.stderr.strip()) == (0, ""), done.stdout + done.stderr
-    assert "ExecStart=" + str(out / "gpu-health.sh") + " --record --format text" in (out / "gpu-health.service").read_text()
+    assert (
+        "ExecStart=" + str(out / "gpu-health.sh") + " --record --format text"
+        in (out / "gpu-health.service").read_text()
+    )
     timer = (out / "gpu-health.timer").read_text()
     assert "OnUnitInactiveSec=5min" in timer
