@@ -231,6 +231,11 @@ FIX_HANG = (
     f"A hanging nvidia-smi usually means a GPU in a bad state: look for Xid 79, 119 or 120 in {JOURNAL}, "
     "then drain the host and reset the GPU (`nvidia-smi -r`) or reboot."
 )
+FIX_KERNEL_LOG_FILE = (
+    "Set gpu_health_kernel_log to the file this host's syslog writes kernel lines to (rsyslog: /var/log/kern.log), "
+    "or leave it empty for the journal (journalctl -k, else dmesg), and rerun playbooks/verify.yml; by hand, pass a "
+    "readable --kernel-log."
+)
 FIX_NVIDIA_SMI_FAILED = f"Run the command by hand and read its message, and look for NVRM lines in {JOURNAL}."
 NO_BASELINE = (
     "no baseline at {path} yet: the host has not passed a verification (playbooks/verify.yml records one "
@@ -546,7 +551,9 @@ def read_kernel_log(path: str | None, since_epoch: float | None, timeout: float)
                 return since_last_check(gpu_parsers.parse_xid_events(handle.read()), since_epoch)
         except OSError as exc:
             raise CouldNotCheck(
-                f"The kernel log {path} could not be read ({exc.strerror}).", "Pass a readable --kernel-log."
+                f"The kernel log {path} (--kernel-log; the role's gpu_health_kernel_log) could not be read "
+                f"({exc.strerror}).",
+                FIX_KERNEL_LOG_FILE,
             ) from None
     for argv in kernel_log_commands(since_epoch):
         try:

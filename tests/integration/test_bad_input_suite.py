@@ -421,6 +421,11 @@ CASES = [
         "not_root", {"ansible_user": "deploy", "ansible_become": False}, ("Tasks run as deploy", "not root", "become")
     ),
     Case("unsupported_os", {}, ("Debian 11 is not a supported OS", "Use a supported release"), container="os"),
+    Case(
+        "health_kernel_log_relative",
+        {"gpu_health_kernel_log": "kern.log"},
+        ("gpu_health_kernel_log is kern.log", "the absolute path of a kernel log file", "Fix it in the inventory"),
+    ),
 ]
 
 

@@ -487,3 +487,17 @@ def test_a_hang_names_the_kernel_log_the_check_reads(tmp_path: Path) -> None:
     assert f"look for Xid 79, 119 or 120 in the kernel log {log}, then" in found["fix"], found["fix"]
     assert "journalctl" not in found["fix"]
     assert "<19 health fields>" in found["cause"] and len(found["cause"]) < 250, found["cause"]
+
+
+def test_a_kernel_log_file_that_cannot_be_read_names_the_file_the_variable_and_why(tmp_path: Path) -> None:
+    """Issue 42: the message names the file, the role's variable and the reason, and its fix the variable."""
+    missing = str(tmp_path / "no-kern.log")
+    done, _ = run(tmp_path, smi_config(), "--format", "json", kernel_log=missing)
+    assert done.returncode == 2, done.stdout + done.stderr
+    error = json.loads(done.stdout)["error"]
+    assert error["cause"] == (
+        f"The kernel log {missing} (--kernel-log; the role's gpu_health_kernel_log) could not be read "
+        "(No such file or directory)."
+    )
+    assert error["fix"].startswith("Set gpu_health_kernel_log to the file this host's syslog writes kernel lines to")
+    assert "leave it empty for the journal (journalctl -k, else dmesg)" in error["fix"]
