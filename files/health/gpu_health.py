@@ -1754,11 +1754,12 @@ def run_check(args: argparse.Namespace, now: float) -> dict[str, Any]:
     """
     catalog = load_xid_catalog(args.xid_catalog or default_xid_catalog())
     baseline = load_baseline(args.baseline)
+    intended = args.intended if baseline is not None else None  # nothing moves from a baseline not recorded yet
     if baseline is None:  # not verified yet: the checks against the inventory's count wait for it
         baseline = {"expected_gpus": None, "driver_version": None, "gpus": {}, "stacks": {}}
-    baseline, moved = intended_stacks(baseline, args.intended)
+    baseline, moved = intended_stacks(baseline, intended)
     observed = observe(args, read_state(args.state), baseline)
-    baseline, driver_moved = intended_driver(baseline, observed, args.intended)
+    baseline, driver_moved = intended_driver(baseline, observed, intended)
     results = explain_ecc(judge(observed, baseline, catalog), args.nvidia_smi, args.timeout)
     report = {**build_report(now, observed, baseline, results), "moved": driver_moved + moved}
     if baseline["expected_gpus"] is None:

@@ -501,3 +501,9 @@ def test_a_kernel_log_file_that_cannot_be_read_names_the_file_the_variable_and_w
     )
     assert error["fix"].startswith("Set gpu_health_kernel_log to the file this host's syslog writes kernel lines to")
     assert "leave it empty for the journal (journalctl -k, else dmesg)" in error["fix"]
+
+
+def test_nothing_moves_before_a_baseline_is_recorded(tmp_path: Path) -> None:
+    intent = ("--intended", intended("550.54.15", ("tf-2.12",)))
+    done, _ = run(tmp_path, smi_config(), "--baseline", str(tmp_path / "none.json"), *intent, "--format", "json")
+    assert done.returncode == 0 and json.loads(done.stdout)["moved"] == [], done.stdout
