@@ -1,4 +1,5 @@
-"""The health check on a converged sandbox host, as issue 42 asked (about 60 s on an idle 2-core machine: one
+"""The health check on a converged sandbox host, where a run changes things on purpose and people look by hand
+(about 60 s on an idle 2-core machine: one
 verification with its fit, and a few runs of the check):
 
 - a run that re-pinned the driver (the baseline still pins the one before, the host runs the new pin) reports the

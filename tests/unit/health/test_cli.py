@@ -249,7 +249,7 @@ def test_exit_9_is_the_kernel_module_not_loaded(tmp_path: Path, container: bool)
     nvidia_smi = real_nvidia_smi(tmp_path, "query-gpu-health.txt")
     with pytest.raises(gpu_health.CouldNotCheck) as caught:
         gpu_health.query_gpus(nvidia_smi, 30.0, markers=[str(marker)])
-    # The field list is counted, not quoted (issue 42: the 19 names made a cause of about 600 characters).
+    # The field list is counted, not quoted: the 19 names made a cause of about 600 characters.
     command = f"{nvidia_smi} --query-gpu=<{len(HEALTH_FIELDS)} health fields> --format=csv,noheader,nounits"
     assert caught.value.cause == (
         f"`{command}` failed with exit status 9 (NVIDIA kernel module not loaded): NVIDIA-SMI has failed because "
@@ -344,7 +344,7 @@ def test_no_kernel_log_at_all_could_not_check(tmp_path: Path, monkeypatch: pytes
         gpu_health.read_kernel_log(None, None, 5)
 
 
-# --- issue 42: looks that leave the Xids, changes made on purpose, fields a driver does not know ------------------
+# --- looks that leave the Xids, changes made on purpose, fields a driver does not know -----------------------------
 
 # The options the installed command passes on its own (roles/gpu_health/templates/gpu-health.sh.j2): by hand it only
 # looks; the timer's unit adds --record after them (gpu-health.service.j2), and the last of the two wins.
@@ -359,7 +359,8 @@ def xid_line_now(bus: str = "0000:3a:00", xid: int = 48) -> str:
 
 
 def test_a_hand_run_between_two_timer_runs_leaves_the_xid_for_the_next_timer_run(tmp_path: Path) -> None:
-    """The acceptance of issue 42 with the script's real state and textfile: only the timer's runs move the window."""
+    """With the script's real state and textfile: only the timer's runs move the window, so a look by hand hides
+    no Xid from the alert."""
     log = quiet_kernel_log(tmp_path)
     state, textfile = tmp_path / "state" / "state.json", tmp_path / "textfile" / "gpu_fleet_health.prom"
     done, _ = run(tmp_path, smi_config(), *BY_THE_TIMER, kernel_log=log)
@@ -395,7 +396,7 @@ def intended(driver: str | None = None, stacks: tuple[str, ...] = (), removed: t
 
 
 def test_a_driver_the_run_re_pinned_is_moved_not_drift(tmp_path: Path) -> None:
-    """Issue 42: in the run that moved the pin 535.104.05 -> 550.54.15 on purpose, the host is healthy and the
+    """In the run that moved the pin 535.104.05 -> 550.54.15 on purpose, the host is healthy and the
     report says what moved; without the run's pins (the timer) the same host is judged against the baseline."""
     old_pin = baseline_with(tmp_path, driver_version="535.104.05")
     done, _ = run(tmp_path, smi_config(), "--baseline", old_pin, "--format", "json")
@@ -490,7 +491,7 @@ def test_a_hang_names_the_kernel_log_the_check_reads(tmp_path: Path) -> None:
 
 
 def test_a_kernel_log_file_that_cannot_be_read_names_the_file_the_variable_and_why(tmp_path: Path) -> None:
-    """Issue 42: the message names the file, the role's variable and the reason, and its fix the variable."""
+    """The message names the file, the role's variable and the reason, and its fix the variable."""
     missing = str(tmp_path / "no-kern.log")
     done, _ = run(tmp_path, smi_config(), "--format", "json", kernel_log=missing)
     assert done.returncode == 2, done.stdout + done.stderr

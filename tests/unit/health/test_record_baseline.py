@@ -269,7 +269,7 @@ def test_help_documents_the_mode() -> None:
 
 
 def test_a_kept_baseline_names_the_width_the_last_verification_recorded(tmp_path: Path, record: Any) -> None:
-    """Issue 42: refused over a narrowed link, the note named the width of the baseline it would write ("x8 at
+    """Refused over a narrowed link, the note once named the width of the baseline it would write ("x8 at
     the last verification") where the last verification had recorded x16."""
     (tmp_path / "state").mkdir()
     (tmp_path / "state" / "baseline.json").write_text((FIXTURES / "baseline-h100x8.json").read_text(encoding="utf-8"))

@@ -1,5 +1,5 @@
 """Whether a node_exporter on the host reads the health metrics' folder (gpu_health_checks.textfile_note): read
-from a /proc of made-up processes; the check says so in its report's notes, never as a finding (issue 42)."""
+from a /proc of made-up processes; the check says so in its report's notes, never as a finding."""
 
 from __future__ import annotations
 

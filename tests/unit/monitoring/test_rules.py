@@ -432,5 +432,5 @@ def rendered_health_metrics() -> dict[str, tuple[str, set[str], str]]:
 
 
 def test_the_docs_table_of_the_health_metrics_is_what_the_check_writes():
-    """Issue 42: one list of the health metrics for people, kept equal to the writer (names, types, labels, HELP)."""
+    """One list of the health metrics for people, kept equal to the writer (names, types, labels, HELP)."""
     assert documented_health_metrics() == rendered_health_metrics()

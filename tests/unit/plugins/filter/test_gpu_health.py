@@ -288,7 +288,7 @@ def test_a_refused_baseline_is_said_and_an_unhealthy_host_fails_only_when_asked(
     }
 
 
-# --- issue 42: the run's own check: what it pins, and whether it records -------------------------------------------
+# --- the run's own check: what it pins, and whether it records ----------------------------------------------------
 
 
 def test_the_runs_check_gets_what_the_run_pins_and_records_only_without_a_timer():

@@ -54,7 +54,7 @@ def test_main_stops_on_a_bad_option_before_it_writes_anything(tmp_path):
 
 
 def test_the_runs_check_is_told_what_the_run_pins_and_records_where_no_timer_runs(tmp_path):
-    """Issue 42: the run's pins go to the check (a re-pin is moved, not drift); without systemd (no timer) the run's
+    """The run's pins go to the check (a re-pin is moved, not drift); without systemd (no timer) the run's
     check is the one that records, and the move is said."""
     moved = {"up": True, "exit_code": 0, "findings": [], "moved": [{"text": "driver 520.61.05 -> 555.42.06"}]}
     script = f"""printf '%s\\n' "$@" > {tmp_path}/args\necho '{json.dumps(moved)}'\n"""

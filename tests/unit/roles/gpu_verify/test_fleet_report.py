@@ -976,7 +976,7 @@ def test_the_health_headline_counts_the_dcgm_results() -> None:
 
 
 def test_what_the_run_moved_on_purpose_is_said_for_a_healthy_host() -> None:
-    """Issue 42: the run that re-pinned the driver reports the move beside "healthy", in every format's details."""
+    """The run that re-pinned the driver reports the move beside "healthy", in every format's details."""
     health = dict(_health("healthy"), moved=["driver 520.61.05 -> 555.42.06"])
     report = fleet_report.build_report({"gpu01": [dict(passing_doc(), health=health)]}, None)
     headline = f"healthy (checked {CHECKED}); moved on purpose by this run: driver 520.61.05 -> 555.42.06"
