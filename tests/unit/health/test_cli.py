@@ -353,9 +353,12 @@ BY_THE_TIMER = ("--no-record", "--record")
 
 
 def xid_line_now(bus: str = "0000:3a:00", xid: int = 48) -> str:
-    """A kernel log line stamped now, in seconds since boot, as the kernel stamps it."""
+    """A kernel log line stamped now, in seconds since boot, as the kernel stamps it: after the check before it
+    (which began before that one ended), before the check after it."""
     uptime = float(Path("/proc/uptime").read_text(encoding="ascii").split()[0])
-    return f"[{uptime + 0.5:12.6f}] NVRM: Xid (PCI:{bus}): {xid}, An uncorrectable double bit error (DBE) has been detected.\n"
+    return (
+        f"[{uptime:12.6f}] NVRM: Xid (PCI:{bus}): {xid}, An uncorrectable double bit error (DBE) has been detected.\n"
+    )
 
 
 def test_a_hand_run_between_two_timer_runs_leaves_the_xid_for_the_next_timer_run(tmp_path: Path) -> None:
