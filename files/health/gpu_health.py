@@ -3,7 +3,10 @@
 One run reads, each command under ``--timeout`` seconds (killed, with its children, when it hangs):
 
 - ``nvidia-smi --query-gpu=<gpu_parsers.HEALTH_FIELDS> --format=csv,noheader,nounits`` (drivers that
-  refuse the ``clocks_event_reasons.*`` names are asked again with ``clocks_throttle_reasons.*``);
+  refuse the ``clocks_event_reasons.*`` names are asked again with ``clocks_throttle_reasons.*``; a field
+  the driver names as not valid - 535.261.03's ``--help-query-gpu`` lacks ``remapped_rows.*`` - is left
+  out and its check runs without it, named in ``skipped`` as ``partly: ...``; only a rejected identity
+  field, index, pci.bus_id, uuid, name or driver_version, means could not check);
 - ``nvidia-smi nvlink -s``;
 - only when the ecc check has a finding, for each GPU it names: ``nvidia-smi -q -d
   ECC,PAGE_RETIREMENT,ROW_REMAPPER -i <bus id>``, whose remapped rows, retired pages and uncorrectable
@@ -62,8 +65,19 @@ skipped or the diagnostic hung). ``Warn`` results are listed in the text report,
 Then it writes Prometheus metrics for node_exporter's textfile collector (``--textfile``, written to
 a temporary file in the same folder, then renamed over the old one, so the collector never reads
 half a file), prints a short report (or JSON with ``--format json``) and records the time of this
-check (``--state``), so the next run reads the kernel log only from then on. The state is written
+check (``--state``), so the next run reads the kernel log only from then on. Where no node_exporter on
+the host reads the textfile's folder (gpu_health_checks.textfile_note), the report's ``notes`` (``[{"cause",
+"fix"}]``, else []) say so; never a finding. The state is written
 only when the check ran; after a run that could not check, the next one reads the same window again.
+``--no-record`` only looks: neither the metrics nor the state are written, so the next recorded check
+still reports every Xid since the last one (the ``gpu-health`` command the role installs passes it,
+its timer ``--record`` after it; the last of the two wins).
+
+``--intended JSON`` (``{"driver_version", "stacks", "removed_stacks"}``, what a provisioning run pins;
+the role passes it, the timer never does): a driver the baseline pins otherwise and the host runs is
+judged against the run's pin, a stack the run removes is not judged, and both, with the run's stacks
+that the baseline lacks, are listed in the report's ``moved`` (``[{"what", "from", "to", "text"}]``,
+[] otherwise) instead of as findings; the baseline follows once the verification passed.
 
 Baseline (``--baseline``, JSON, written at the last passing verification; the ``#`` notes are not
 part of the file)::
@@ -106,17 +120,9 @@ exits 2. On success it prints the baseline (text, or JSON ``{"recorded", "path",
 State (``--state``): ``{"last_check_epoch": 1717171717.0, "last_check": "2024-05-31T16:08:37Z"}``.
 
 Metrics (names ``gpu_fleet_health_*``, base units, ``_total`` only on counters; per-GPU series carry a
-``bus_id`` label): ``up`` (1 when the check ran, 0 when it could not check),
-``last_run_timestamp_seconds``, ``check_ok{check}`` (each check that ran), ``check_skipped{check}``
-(1 per skipped check), ``finding{check,bus_id}`` (the number of findings, 1 each; ``bus_id=""`` for
-the host), ``gpu_present``, ``gpu_on_pci_bus`` (1 on the bus, 0 gone; when the bus was read),
-``pcie_link_generation[_max]``, ``pcie_link_width[_max]``, ``nvlink_active_links``, ``nvlink_expected_links``,
-``ecc_uncorrected_volatile_errors_total``, ``ecc_uncorrected_aggregate_errors_total``,
-``retired_pages_pending``, ``remapped_rows_pending``, ``remapped_rows_failure``,
-``clocks_event_active{reason}``, ``persistence_mode``, ``xid_events{xid}`` (since the last check),
-``driver_info{user_space,kernel_module,baseline}`` and, when DCGM's diagnostic ran,
-``dcgm_test_passed{test,gpu}`` (1 passed or warned, 0 failed; ``gpu`` DCGM's GPU id, empty for a
-test's overall result; none for a skipped test). Format: "Exposition formats", text format
+``bus_id`` label): each with its type, labels and meaning in the table "The health metrics" of
+docs/monitoring.md, whose meanings are the HELP texts written here (tests/unit/monitoring/test_rules.py
+keeps the table and :func:`render_metrics` equal). Format: "Exposition formats", text format
 (https://prometheus.io/docs/instrumenting/exposition_formats/); names after "Metric and label
 naming" (https://prometheus.io/docs/practices/naming/).
 
@@ -218,11 +224,19 @@ NO_DEVICES = "no devices were found"
 FIX_NVIDIA_SMI_MISSING = (
     "Install the NVIDIA driver's utilities (the nvidia_driver role) or pass --nvidia-smi with the path."
 )
+# The kernel log as the fixes name it; :func:`name_kernel_log` puts the file in its place where the check was told
+# to read one (--kernel-log), as a host whose kernel log is a file may have no journal at all.
+JOURNAL = "`journalctl -k`"
 FIX_HANG = (
-    "A hanging nvidia-smi usually means a GPU in a bad state: look for Xid 79, 119 or 120 in "
-    "`journalctl -k`, then drain the host and reset the GPU (`nvidia-smi -r`) or reboot."
+    f"A hanging nvidia-smi usually means a GPU in a bad state: look for Xid 79, 119 or 120 in {JOURNAL}, "
+    "then drain the host and reset the GPU (`nvidia-smi -r`) or reboot."
 )
-FIX_NVIDIA_SMI_FAILED = "Run the command by hand and read its message, and look for NVRM lines in `journalctl -k`."
+FIX_KERNEL_LOG_FILE = (
+    "Set gpu_health_kernel_log to the file this host's syslog writes kernel lines to (rsyslog: /var/log/kern.log), "
+    "or leave it empty for the journal (journalctl -k, else dmesg), and rerun playbooks/verify.yml; by hand, pass a "
+    "readable --kernel-log."
+)
+FIX_NVIDIA_SMI_FAILED = f"Run the command by hand and read its message, and look for NVRM lines in {JOURNAL}."
 NO_BASELINE = (
     "no baseline at {path} yet: the host has not passed a verification (playbooks/verify.yml records one "
     "when it passes), so the GPU count and the PCI bus are not judged"
@@ -232,7 +246,7 @@ FIX_BASELINE = (
     "or pass --baseline with the path."
 )
 FIX_GPU_MISSING = (
-    "Look for Xid 79 in `journalctl -k` and for the GPU in `lspci -d 10de:`; drain the host and "
+    f"Look for Xid 79 in {JOURNAL} and for the GPU in `lspci -d 10de:`; drain the host and "
     "reboot, and reseat or RMA a GPU that stays missing."
 )
 FIX_GPU_EXTRA = "If GPUs were added on purpose, re-run the verification so it writes a new baseline; otherwise check the host's hardware."
@@ -351,12 +365,23 @@ def run_nvidia_smi(argv: Sequence[str], timeout: float) -> CommandResult:
         raise CouldNotCheck(f"Could not run nvidia-smi ({exc.strerror}): {argv[0]}.", FIX_NVIDIA_SMI_MISSING) from None
     except CommandTimeout:
         raise NvidiaSmiHung(
-            f"`{' '.join(argv)}` did not answer within {timeout:g} s and was killed.", FIX_HANG
+            f"`{shown_command(argv)}` did not answer within {timeout:g} s and was killed.", FIX_HANG
         ) from None
 
 
 def query_command(nvidia_smi: str, fields: Sequence[str]) -> list[str]:
     return [nvidia_smi, "--query-gpu=" + ",".join(fields), "--format=csv,noheader,nounits"]
+
+
+def shown_command(argv: Sequence[str]) -> str:
+    """``argv`` as a cause quotes it: a ``--query-gpu`` list of many fields as its count, not the ~600
+    characters of the names (the field that matters is named on its own)."""
+    words = []
+    for word in argv:
+        head, equals, names = word.partition("=")
+        count = len(names.split(",")) if equals and head == "--query-gpu" else 0
+        words.append(f"--query-gpu=<{count} health fields>" if count > 3 else word)
+    return " ".join(words)
 
 
 def smi_failed(
@@ -372,34 +397,105 @@ def smi_failed(
     return CouldNotCheck(f"`{command}` failed with exit status {rc}: {tail(output)}", FIX_NVIDIA_SMI_FAILED)
 
 
+# A field that nvidia-smi rejects ('Field "remapped_rows.pending" is not a valid field to query.': 535.261.03's
+# --help-query-gpu lacks the remapped_rows fields) is left out of the query and its check runs without it, named
+# in the report (``skipped``); only these fields are needed to list the GPUs at all.
+INVALID_FIELD_NAMED = re.compile(r'Field "([^"]+)" is not a valid field to query')
+IDENTITY_FIELDS = frozenset({"index", "pci.bus_id", "uuid", "name", "driver_version"})
+# The check each other field serves, and what goes unjudged without it.
+FIELD_CHECKS = {
+    "persistence_mode": ("persistence", "persistence mode"),
+    "pcie.": ("pcie", "the PCIe link"),
+    "ecc.errors.": ("ecc", "uncorrectable ECC errors"),
+    "retired_pages.pending": ("ecc", "pages pending retirement"),
+    "remapped_rows.pending": ("ecc", "rows pending remapping"),
+    "remapped_rows.failure": ("ecc", "row remapping failures"),
+    "clocks_": ("clocks", "the clock event reasons"),
+}
+
+
+def field_check(field: str) -> tuple[str, str]:
+    """(check, what it leaves unjudged) for a field of HEALTH_FIELDS outside IDENTITY_FIELDS."""
+    return next(value for prefix, value in FIELD_CHECKS.items() if field.startswith(prefix))
+
+
+def rejected_field(output: str, fields: Sequence[str]) -> str | None:
+    """The field of ``fields`` that nvidia-smi names as not valid, or None."""
+    named = INVALID_FIELD_NAMED.search(output)
+    return named.group(1) if named and named.group(1) in fields else None
+
+
+def ask_health_fields(nvidia_smi: str, timeout: float) -> tuple[CommandResult, list[str], list[str]]:
+    """The query's result, the fields it asked and those nvidia-smi rejected (left out, at most once each): a
+    rejected clocks_event_reasons name is asked again with every clock field under its old name
+    (clocks_throttle_reasons), an identity field or an unnamed rejection ends the asking."""
+    fields, dropped = list(gpu_parsers.HEALTH_FIELDS), []
+    result = run_nvidia_smi(query_command(nvidia_smi, fields), timeout)
+    while result.rc != 0 and INVALID_FIELD in result.stdout + result.stderr:
+        field = rejected_field(result.stdout + result.stderr, fields)
+        renamed = [name.replace("clocks_event_reasons.", "clocks_throttle_reasons.") for name in fields]
+        if (field is None or field.startswith("clocks_event_reasons.")) and renamed != fields:
+            fields = renamed  # a driver that predates clocks_event_reasons (or names no field)
+        elif field is not None and field not in IDENTITY_FIELDS:
+            fields.remove(field)
+            dropped.append(field)
+        else:
+            break
+        result = run_nvidia_smi(query_command(nvidia_smi, fields), timeout)
+    return result, fields, dropped
+
+
+def unasked_notes(dropped: Sequence[str], version: str | None) -> dict[str, str]:
+    """``{check: note}`` for the checks that ran without a field nvidia-smi rejected."""
+    notes: dict[str, list[str]] = {}
+    for field in dropped:
+        check, what = field_check(field.replace("clocks_throttle_reasons.", "clocks_event_reasons."))
+        notes.setdefault(check, []).append(f"{field} ({what})")
+    driver = f" of driver {version}" if version else ""
+    return {
+        check: f"partly: nvidia-smi{driver} does not know the field {', '.join(items)}, which is not judged; "
+        "the rest of the check ran"
+        for check, items in notes.items()
+    }
+
+
 def query_gpus(
     nvidia_smi: str, timeout: float, markers: Sequence[str] = gpu_parsers.CONTAINER_MARKERS
-) -> tuple[list[dict[str, Any]] | None, dict[str, Any] | None]:
-    """The GPUs as ``gpu_parsers.parse_health_query`` gives them, and None; or None and
-    ``{"library_version", "output"}`` when NVML reports a driver/library version mismatch. ``markers``:
-    the files that tell a container (gpu_parsers.CONTAINER_MARKERS), for exit 9's fix.
+) -> tuple[list[dict[str, Any]] | None, dict[str, Any] | None, dict[str, str]]:
+    """The GPUs as ``gpu_parsers.parse_health_query`` gives them (a field nvidia-smi rejected is None, as one
+    not reported), None and the notes of the checks that ran without a rejected field (:func:`unasked_notes`);
+    or None, ``{"library_version", "output"}`` when NVML reports a driver/library version mismatch, and {}.
+    ``markers``: the files that tell a container (gpu_parsers.CONTAINER_MARKERS), for exit 9's fix.
 
     Raises:
-        CouldNotCheck: nvidia-smi is missing, hangs, fails otherwise or answers in an unknown form.
+        CouldNotCheck: nvidia-smi is missing, hangs, fails otherwise (an identity field rejected: named) or
+            answers in an unknown form.
     """
-    fields = gpu_parsers.HEALTH_FIELDS
-    result = run_nvidia_smi(query_command(nvidia_smi, fields), timeout)
-    if result.rc != 0 and INVALID_FIELD in result.stdout + result.stderr:
-        fields = gpu_parsers.HEALTH_FIELDS_THROTTLE_NAMES  # a driver that predates clocks_event_reasons
-        result = run_nvidia_smi(query_command(nvidia_smi, fields), timeout)
+    result, fields, dropped = ask_health_fields(nvidia_smi, timeout)
     output = result.stdout + result.stderr
     if MISMATCH in output.lower():
         version = NVML_LIBRARY_VERSION.search(output)
-        return None, {"library_version": version.group(1) if version else None, "output": tail(output, 200)}
+        return None, {"library_version": version.group(1) if version else None, "output": tail(output, 200)}, {}
     if result.rc != 0 and NO_DEVICES not in output.lower():
-        raise smi_failed(" ".join(query_command(nvidia_smi, fields)), result.rc, output, markers)
+        field = rejected_field(output, fields)
+        if field is not None:
+            cause = (
+                f"nvidia-smi does not know the field {field}, which the check needs to list the GPUs: {tail(output)}"
+            )
+            raise CouldNotCheck(cause, FIX_NVIDIA_SMI_FAILED)
+        raise smi_failed(shown_command(query_command(nvidia_smi, fields)), result.rc, output, markers)
     try:
-        return gpu_parsers.parse_health_query(result.stdout, fields), None
+        gpus = gpu_parsers.parse_health_query(result.stdout, fields)
     except ValueError as exc:
         raise CouldNotCheck(
             f"The answer of nvidia-smi is in a form this check does not know: {exc}.",
             "Run the query by hand; a driver update may have changed the output, which gpu_parsers.py must then follow.",
         ) from None
+    keys = [field.replace("clocks_throttle_reasons.", "clocks_event_reasons.").replace(".", "_") for field in dropped]
+    for gpu in gpus:
+        gpu.update(dict.fromkeys(keys))
+    version = next((gpu["driver_version"] for gpu in gpus if gpu.get("driver_version")), None)
+    return gpus, None, unasked_notes(dropped, version)
 
 
 def read_nvlink(nvidia_smi: str, timeout: float) -> tuple[dict[int, dict[str, Any]] | None, str | None]:
@@ -455,7 +551,9 @@ def read_kernel_log(path: str | None, since_epoch: float | None, timeout: float)
                 return since_last_check(gpu_parsers.parse_xid_events(handle.read()), since_epoch)
         except OSError as exc:
             raise CouldNotCheck(
-                f"The kernel log {path} could not be read ({exc.strerror}).", "Pass a readable --kernel-log."
+                f"The kernel log {path} (--kernel-log; the role's gpu_health_kernel_log) could not be read "
+                f"({exc.strerror}).",
+                FIX_KERNEL_LOG_FILE,
             ) from None
     for argv in kernel_log_commands(since_epoch):
         try:
@@ -474,6 +572,18 @@ def read_kernel_log(path: str | None, since_epoch: float | None, timeout: float)
         "The kernel log could not be read: neither `journalctl -k` nor `dmesg` answered.",
         "Run the check as root (dmesg needs it where kernel.dmesg_restrict is 1) or pass --kernel-log.",
     )
+
+
+def name_kernel_log(outcome: dict[str, Any], path: str | None) -> dict[str, Any]:
+    """The outcome (a report, or --record-baseline's) with each fix that says where to look for kernel lines naming
+    ``path``, the kernel log file this check was told to read (--kernel-log), instead of :data:`JOURNAL`."""
+    if not path:
+        return outcome
+    where = f"the kernel log {path}"
+    named = [{**item, "fix": item["fix"].replace(JOURNAL, where)} for item in outcome.get("findings") or []]
+    error = outcome.get("error")
+    error = {**error, "fix": error["fix"].replace(JOURNAL, where)} if isinstance(error, dict) else error
+    return {**outcome, "findings": named, **({"error": error} if "error" in outcome else {})}
 
 
 def _is_count(value: Any) -> bool:
@@ -680,16 +790,21 @@ def _width_references(width_max: int | None, baseline_width: int | None) -> str:
     return ", ".join(references)
 
 
-def judge_pcie(gpus: list[dict[str, Any]], baseline: dict[str, Any]) -> list[Finding]:
-    """Link width below the link's maximum or the baseline; generation maximum below the baseline."""
+def judge_pcie(
+    gpus: list[dict[str, Any]], baseline: dict[str, Any], verified: dict[str, Any] | None = None
+) -> list[Finding]:
+    """Link width below the link's maximum or the baseline; generation maximum below the baseline. ``verified``:
+    the widths the last verification recorded, by bus id, where ``baseline`` is not that (--record-baseline
+    judges against the baseline it would write, whose width is the one now)."""
     findings = []
     for gpu in gpus:
         bus_id, base = gpu["pci_bus_id"], baseline["gpus"].get(gpu["pci_bus_id"], {})
         width, width_max = gpu["pcie_link_width_current"], gpu["pcie_link_width_max"]
         references = [width_max, base.get("pcie_link_width_current"), base.get("pcie_link_width_max")]
         wanted = max((value for value in references if value is not None), default=None)
+        last = base.get("pcie_link_width_current") if verified is None else verified.get(bus_id)
         if width is not None and wanted is not None and width < wanted:
-            known = _width_references(width_max, base.get("pcie_link_width_current"))
+            known = _width_references(width_max, last)
             cause = f"The PCIe link of GPU {bus_id} runs at x{width}, expected x{wanted} ({known})."
             findings.append(finding("pcie", bus_id, cause, FIX_PCIE))
         gen_max, base_gen = gpu["pcie_link_gen_max"], base.get("pcie_link_gen_max")
@@ -883,8 +998,10 @@ def judge_host(observed: dict[str, Any], baseline: dict[str, Any]) -> dict[str, 
 
 
 def skipped_checks(observed: dict[str, Any]) -> dict[str, str]:
-    """The checks whose input could not be read, and why: {check: note}."""
+    """The checks whose input could not be read (wholly, or a field nvidia-smi does not know), and why:
+    {check: note}."""
     notes = {
+        **(observed.get("unasked") or {}),
         "pci": observed.get("pci_note"),
         "fabric_manager": (observed.get("fabric_manager") or {}).get("note"),
         "dcgm": (observed.get("dcgm") or {}).get("note"),
@@ -892,8 +1009,14 @@ def skipped_checks(observed: dict[str, Any]) -> dict[str, str]:
     return {check: note for check, note in notes.items() if note}
 
 
-def judge(observed: dict[str, Any], baseline: dict[str, Any], catalog: dict[str, Any]) -> dict[str, list[Finding]]:
-    """Every check that the observations allow, in :data:`CHECKS` order: {check: findings}."""
+def judge(
+    observed: dict[str, Any],
+    baseline: dict[str, Any],
+    catalog: dict[str, Any],
+    verified: dict[str, Any] | None = None,
+) -> dict[str, list[Finding]]:
+    """Every check that the observations allow, in :data:`CHECKS` order: {check: findings} (``verified``:
+    :func:`judge_pcie`'s)."""
     gpus = observed["gpus"]
     results = {
         "xid": judge_xid(observed["xid_events"], catalog),
@@ -904,7 +1027,7 @@ def judge(observed: dict[str, Any], baseline: dict[str, Any], catalog: dict[str,
         results.update(
             nvidia_smi=[],  # it answered (a hang ends the check before: hung_report)
             **({"gpus": judge_gpus(gpus, baseline)} if baseline["expected_gpus"] is not None else {}),
-            pcie=judge_pcie(gpus, baseline),
+            pcie=judge_pcie(gpus, baseline, verified),
             nvlink=judge_nvlink(gpus, observed["nvlink"], observed["nvlink_error"], baseline),
             ecc=judge_ecc(gpus),
             clocks=judge_clocks(gpus),
@@ -929,7 +1052,7 @@ def read_fabric_manager(systemctl: str, timeout: float) -> dict[str, str | None]
 def observe_devices(args: argparse.Namespace, fabric_expected: bool, stacks: dict[str, Any]) -> dict[str, Any]:
     """nvidia-smi, the loaded module, the PCI bus, the fabric manager (asked only when expected) and
     the stacks' venvs (``{name: {"venv", "lock"}}``): what both the check and --record-baseline read."""
-    gpus, mismatch = query_gpus(args.nvidia_smi, args.timeout)
+    gpus, mismatch, unasked = query_gpus(args.nvidia_smi, args.timeout)
     nvlink, nvlink_error = read_nvlink(args.nvidia_smi, args.timeout) if gpus else (None, None)
     listed = [gpu["pci_bus_id"] for gpu in gpus or []]
     pci, pci_note = checks.pci_gpus(args.pci_devices, listed) if gpus is not None else (None, None)
@@ -943,6 +1066,7 @@ def observe_devices(args: argparse.Namespace, fabric_expected: bool, stacks: dic
         "pci": pci,
         "pci_note": pci_note,
         "fabric_manager": fabric,
+        "unasked": unasked,
         "stacks": {name: checks.read_stack(stack["venv"], stack["lock"]) for name, stack in stacks.items()},
     }
 
@@ -1091,6 +1215,7 @@ def failed_report(now: float, error: CouldNotCheck) -> dict[str, Any]:
         "driver": {},
         "xid_events": [],
         "dcgm": None,
+        "moved": [],
     }
 
 
@@ -1150,7 +1275,7 @@ GPU_METRICS = (
         "gpu_fleet_health_retired_pages_pending",
         "retired_pages_pending",
         "gauge",
-        "1 when memory pages wait for retirement (a reset applies it).",
+        "1 when memory pages wait for retirement (a driver reload or reboot applies it).",
     ),
     (
         "gpu_fleet_health_remapped_rows_pending",
@@ -1206,7 +1331,7 @@ def _run_families(report: dict[str, Any]) -> list[Family]:
         (
             "gpu_fleet_health_check_skipped",
             "gauge",
-            "1 when the check was skipped because its input could not be read; the report says why.",
+            "1 when the check was skipped, wholly or partly, because its input could not be read; the report says why.",
             [({"check": check}, 1) for check in report.get("skipped") or {}],
         ),
         (
@@ -1245,7 +1370,12 @@ def _gpu_families(report: dict[str, Any]) -> list[Family]:
         xids[(event["bus_id"], event["xid"])] = xids.get((event["bus_id"], event["xid"]), 0) + 1
     samples = [({"bus_id": bus_id, "xid": str(xid)}, count) for (bus_id, xid), count in sorted(xids.items())]
     families.append(
-        ("gpu_fleet_health_xid_events", "gauge", "Xid events in the kernel log since the previous check.", samples)
+        (
+            "gpu_fleet_health_xid_events",
+            "gauge",
+            "Xid events in the kernel log since the previous recorded check.",
+            samples,
+        )
     )
     help_text = "1 when the DCGM diagnostic's test passed on the GPU, 0 when it failed (gpu empty: the test overall)."
     families.append(("gpu_fleet_health_dcgm_test_passed", "gauge", help_text, checks.dcgm_samples(report.get("dcgm"))))
@@ -1260,8 +1390,9 @@ def render_metrics(report: dict[str, Any]) -> str:
 
 def render_text(report: dict[str, Any]) -> str:
     """The short report for people."""
+    notes = "".join(f"  [note] {item['cause']}\n      Fix: {item['fix']}\n" for item in report.get("notes") or [])
     if not report["up"]:
-        return f"gpu_health: COULD NOT CHECK: {report['error']['cause']}\n  Fix: {report['error']['fix']}\n"
+        return f"gpu_health: COULD NOT CHECK: {report['error']['cause']}\n  Fix: {report['error']['fix']}\n" + notes
     present = sum(1 for row in report["gpus"] if row.get("present"))
     listed = f"{present} GPU(s)" if "nvidia_smi" in report["checks"] else "GPUs not listed (nvidia-smi failed)"
     driver = report["driver"].get("kernel_module") or report["driver"].get("user_space") or "unknown"
@@ -1271,7 +1402,19 @@ def render_text(report: dict[str, Any]) -> str:
         f"{len(report['xid_events'])} Xid event(s) since the last check; checked {report['checked_at']}"
     ]
     lines += outcome_lines(report["findings"], report.get("skipped") or {}) + checks.dcgm_lines(report.get("dcgm"))
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + moved_lines(report.get("moved") or [])) + "\n" + notes
+
+
+LOOKED_ONLY = (
+    "  (looked only, --no-record: the metrics and the time of this check were not written, so the next recorded "
+    "check - the timer's - still reports the Xids since the last one; `gpu-health --record` writes them)"
+)
+MOVED_HEAD = "moved on purpose by this run, judged against its pins (the baseline follows once the verification passes)"
+
+
+def moved_lines(moved: list[dict[str, Any]]) -> list[str]:
+    """What the provisioning run moved on purpose (--intended), one line."""
+    return [f"  [moved] {MOVED_HEAD}: {'; '.join(item['text'] for item in moved)}"] if moved else []
 
 
 def outcome_lines(findings: list[Finding], skipped: dict[str, str]) -> list[str]:
@@ -1286,7 +1429,8 @@ NAME = """\
 NAME
   gpu-health - check this host's NVIDIA GPUs, and its TensorFlow venvs, against a baseline
   (gpu_health.py; the gpu_health role installs it as the command gpu-health, which passes this
-  host's --baseline, --state, --textfile, --timeout, --nvidia-smi, --pci-devices, --kernel-log)
+  host's --baseline, --state, --textfile, --timeout, --nvidia-smi, --pci-devices, --kernel-log and
+  --no-record: by hand it only looks, its timer passes --record)
 
 """
 SYNOPSIS = """\
@@ -1303,8 +1447,10 @@ DESCRIPTION
   the kernel log since the last check, clock slowdowns, persistence mode, the driver (user space
   against the loaded kernel module, and against the pinned version), and each TensorFlow stack's
   venv against its lock. Prints a short report (or JSON), writes Prometheus metrics for
-  node_exporter's textfile collector and records the time of the check for the next run. A
-  check whose input cannot be read (the PCI folder, systemd) is skipped, and the report says why.
+  node_exporter's textfile collector and records the time of the check for the next run
+  (--no-record: neither, it only looks; the gpu-health command by hand only looks, its timer
+  records). A check whose input cannot be read (the PCI folder, systemd) is skipped, and the
+  report says why.
 
   --dcgm-diag LEVEL also runs NVIDIA DCGM's active diagnostic, `dcgmi diag -r LEVEL -j`, and
   reports each test's result per GPU: a failed test is a finding (test, GPU, DCGM's message), a
@@ -1390,6 +1536,24 @@ def dcgm_seconds(text: str) -> float:
     return value
 
 
+def intended_option(text: str) -> dict[str, Any]:
+    """``--intended``'s JSON -> ``{"driver_version": str or None, "stacks": [names], "removed_stacks": [names]}``."""
+    try:
+        document = json.loads(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not JSON") from None
+    if not isinstance(document, dict) or set(document) - {"driver_version", "stacks", "removed_stacks"}:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an object of driver_version, stacks and removed_stacks")
+    driver = document.get("driver_version")
+    if driver is not None and not re.match(r"^\d+(?:\.\d+)+$", str(driver)):
+        raise argparse.ArgumentTypeError(f"driver_version {driver!r} is not a driver version such as 550.54.15")
+    lists = {key: document.get(key) or [] for key in ("stacks", "removed_stacks")}
+    for key, names in lists.items():
+        if not isinstance(names, list) or not all(isinstance(name, str) and name for name in names):
+            raise argparse.ArgumentTypeError(f"{key} is {names!r}, not a list of stack names")
+    return {"driver_version": str(driver) if driver is not None else None, **lists}
+
+
 def stack_option(text: str) -> tuple[str, dict[str, str]]:
     """``NAME=VENV[,LOCK]`` -> (name, {"venv", "lock"}); the lock defaults to VENV/tf-lock.txt."""
     name, equals, paths = text.partition("=")
@@ -1429,6 +1593,31 @@ def _add_record_options(add: Any) -> None:
         type=stack_option,
         action="append",
         help="with --record-baseline, repeatable: a TensorFlow stack's venv and lock (default: VENV/tf-lock.txt)",
+    )
+
+
+def _add_look_options(add: Any) -> None:
+    add(
+        "--no-record",
+        dest="record",
+        action="store_false",
+        default=True,
+        help="look only: write neither --textfile nor --state, so the next recorded check still reports the Xids "
+        "logged since the last one (the gpu-health command's default; its timer passes --record)",
+    )
+    add(
+        "--record",
+        dest="record",
+        action="store_true",
+        default=True,
+        help="write the metrics and the time of this check (the default of gpu_health.py; the last of the two wins)",
+    )
+    add(
+        "--intended",
+        metavar="JSON",
+        type=intended_option,
+        help='what the running provisioning run pins, {"driver_version": V, "stacks": [NAME...], "removed_stacks": '
+        "[NAME...]}: a driver or stack it moved on purpose is reported as moved, not as drift (the role passes it)",
     )
 
 
@@ -1502,6 +1691,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="the PCI bus in the sysfs layout, <DIR>/<bus id>/{vendor,device,class} (default: %(default)s)",
     )
     add("--systemctl", metavar="PATH", default="systemctl", help="the systemctl to ask (default: %(default)s)")
+    _add_look_options(add)
     _add_dcgm_options(add)
     _add_record_options(add)
     return parser
@@ -1516,35 +1706,73 @@ def check_mode_options(parser: argparse.ArgumentParser, args: argparse.Namespace
         parser.error(
             "--expected-gpus, --driver-version, --fabric-manager-expected and --stack go with --record-baseline"
         )
+    if args.record_baseline and args.intended is not None:
+        parser.error("--intended goes with the check, not with --record-baseline")
     names = [name for name, _stack in args.stack or []]
     twice = sorted({name for name in names if names.count(name) > 1})
     if twice:
         parser.error(f"--stack {twice[0]} is given more than once")
 
 
+def intended_stacks(baseline: dict[str, Any], intended: dict[str, Any] | None) -> tuple[dict[str, Any], list[dict]]:
+    """The baseline less the stacks the run removes on purpose (not judged), and what moved: those stacks, and the
+    run's stacks that the baseline does not have yet (judged once the verification recorded them)."""
+    if not intended:
+        return baseline, []
+    removed = [name for name in baseline["stacks"] if name in intended["removed_stacks"]]
+    added = [name for name in intended["stacks"] if name not in baseline["stacks"]]
+    moved = [moved_item("stack", name, None, f"stack {name} removed") for name in removed]
+    moved += [moved_item("stack", name, None, f"stack {name} added") for name in added]
+    stacks = {name: stack for name, stack in baseline["stacks"].items() if name not in removed}
+    return {**baseline, "stacks": stacks}, moved
+
+
+def moved_item(what: str, before: str | None, after: str | None, text: str) -> dict[str, Any]:
+    return {"what": what, "from": before, "to": after, "text": text}
+
+
+def intended_driver(
+    baseline: dict[str, Any], observed: dict[str, Any], intended: dict[str, Any] | None
+) -> tuple[dict[str, Any], list[dict]]:
+    """The baseline with the run's driver pin where the host runs that pin and the baseline pins another (moved on
+    purpose: not drift), and what moved; else the baseline as it is (another driver is judged against its pin)."""
+    pinned, wanted = baseline["driver_version"], (intended or {}).get("driver_version")
+    running = observed["module_version"] or user_space_version(observed["gpus"], observed["mismatch"])
+    if not (pinned and wanted) or same_version(pinned, wanted) or not same_version(running, wanted):
+        return baseline, []
+    return {**baseline, "driver_version": wanted}, [
+        moved_item("driver", pinned, wanted, f"driver {pinned} -> {wanted}")
+    ]
+
+
 def run_check(args: argparse.Namespace, now: float) -> dict[str, Any]:
-    """Read, judge and report (see the module docstring).
+    """Read, judge and report (see the module docstring); with ``--intended``, what the run moved on purpose is
+    judged against the run's pins and listed as ``moved``, not as findings.
 
     Raises:
         CouldNotCheck: an input could not be read; the caller reports exit status 2.
     """
     catalog = load_xid_catalog(args.xid_catalog or default_xid_catalog())
     baseline = load_baseline(args.baseline)
+    intended = args.intended if baseline is not None else None  # nothing moves from a baseline not recorded yet
     if baseline is None:  # not verified yet: the checks against the inventory's count wait for it
         baseline = {"expected_gpus": None, "driver_version": None, "gpus": {}, "stacks": {}}
+    baseline, moved = intended_stacks(baseline, intended)
     observed = observe(args, read_state(args.state), baseline)
+    baseline, driver_moved = intended_driver(baseline, observed, intended)
     results = explain_ecc(judge(observed, baseline, catalog), args.nvidia_smi, args.timeout)
-    report = build_report(now, observed, baseline, results)
+    report = {**build_report(now, observed, baseline, results), "moved": driver_moved + moved}
     if baseline["expected_gpus"] is None:
         report["skipped"].update(dict.fromkeys(("gpus", "pci"), NO_BASELINE.format(path=args.baseline)))
     return report
 
 
 def publish(report: dict[str, Any], args: argparse.Namespace) -> None:
-    """Metrics to the textfile, the time of a check that ran to the state file, the report to stdout.
-    A file that cannot be written is named on stderr; the exit status stays the check's."""
-    writes = [(args.textfile, render_metrics(report))] if args.textfile else []
-    if "xid" in report["checks"] and args.state:  # the kernel log was read up to now
+    """Metrics to the textfile, the time of a check that ran to the state file (neither with --no-record: the
+    next recorded check reads the same kernel log window), the report to stdout. A file that cannot be written
+    is named on stderr; the exit status stays the check's."""
+    writes = [(args.textfile, render_metrics(report))] if args.textfile and args.record else []
+    if "xid" in report["checks"] and args.state and args.record:  # the kernel log was read up to now
         state = {"last_check_epoch": report["checked_at_epoch"], "last_check": report["checked_at"]}
         writes.append((args.state, json.dumps(state, sort_keys=True) + "\n"))
     for path, text in writes:
@@ -1555,8 +1783,11 @@ def publish(report: dict[str, Any], args: argparse.Namespace) -> None:
                 f"gpu_health: could not write {path} ({exc.strerror}); check the folder exists and is writable.",
                 file=sys.stderr,
             )
+    looked = [] if args.record else [LOOKED_ONLY]
     sys.stdout.write(
-        json.dumps(report, indent=2, sort_keys=True) + "\n" if args.format == "json" else render_text(report)
+        json.dumps(report, indent=2, sort_keys=True) + "\n"
+        if args.format == "json"
+        else render_text(report) + "".join(line + "\n" for line in looked)
     )
 
 
@@ -1600,6 +1831,16 @@ def same_baseline(path: str, document: dict[str, Any]) -> bool:
     return isinstance(present, dict) and {**present, "recorded_at": None} == {**document, "recorded_at": None}
 
 
+def verified_widths(path: str) -> dict[str, Any]:
+    """The PCIe link width of each GPU in the baseline at ``path`` (the last verification's), by bus id; {} when
+    there is none or it cannot be read (a --record-baseline that replaces it then names no earlier width)."""
+    try:
+        previous = load_baseline(path)
+    except CouldNotCheck:
+        previous = None
+    return {bus_id: gpu.get("pcie_link_width_current") for bus_id, gpu in ((previous or {}).get("gpus") or {}).items()}
+
+
 def record_baseline(args: argparse.Namespace, now: float) -> dict[str, Any]:
     """Observe, judge the host against the baseline it would write (every check but xid, which needs
     the kernel log since a last check), and write it when nothing is found: ``{"recorded", "path",
@@ -1612,7 +1853,9 @@ def record_baseline(args: argparse.Namespace, now: float) -> dict[str, Any]:
     document = baseline_document(args, observed, now)
     baseline = validate_baseline(document)
     results = {
-        **explain_ecc(judge(observed, baseline, {"xids": {}}), args.nvidia_smi, args.timeout),
+        **explain_ecc(
+            judge(observed, baseline, {"xids": {}}, verified_widths(args.baseline)), args.nvidia_smi, args.timeout
+        ),
         "gpus": record_count(len(observed["gpus"] or []), args.expected_gpus),
     }
     findings = [item for check in CHECKS for item in results.get(check, [])]
@@ -1658,6 +1901,7 @@ def main_record(args: argparse.Namespace, now: float) -> int:
     except CouldNotCheck as exc:
         outcome = {"recorded": False, "changed": False, "path": args.baseline}
         outcome["error"] = {"cause": exc.cause, "fix": exc.fix}
+    outcome = name_kernel_log(outcome, args.kernel_log)
     text = json.dumps(outcome, indent=2, sort_keys=True) + "\n" if args.format == "json" else render_recorded(outcome)
     sys.stdout.write(text)
     return EXIT_HEALTHY if outcome["recorded"] else EXIT_COULD_NOT_CHECK
@@ -1676,7 +1920,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         report = hung_report(now, exc)
     except CouldNotCheck as exc:
         report = failed_report(now, exc)
-    publish(report, args)
+    note = checks.textfile_note(args.textfile)  # metrics that no node_exporter serves: said, never a finding
+    publish({**name_kernel_log(report, args.kernel_log), "notes": [note] if note else []}, args)
     return int(report["exit_code"])
 
 

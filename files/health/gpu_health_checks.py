@@ -49,6 +49,12 @@ form of gpu_health.py, ``{"check", "bus_id", "cause", "fix"}`` (bus_id None for 
   diagnostic (what ``dcgmi/Command.cpp`` and ``dcgmi/Diag.cpp`` of https://github.com/NVIDIA/DCGM
   print then; ``nvidia-dcgm.service`` runs ``nv-hostengine``, DCGM's "Install DCGM" guide), skips the
   check; a diagnostic past ``--dcgm-timeout`` or one DCGM could not complete is a finding.
+- the textfile's reader (a note, never a finding): whether a node_exporter process on the host reads the
+  folder the metrics go to, from each process's ``/proc/<pid>/cmdline`` (proc(5)): its
+  ``--collector.textfile.directory`` ("Textfile Collector" in https://github.com/prometheus/node_exporter),
+  else the folder its build defaults to - Debian's and Ubuntu's ``prometheus-node-exporter``
+  ``/var/lib/prometheus/node-exporter`` (its ``--help``), an upstream ``node_exporter`` none - and not
+  with ``--no-collector.textfile``, or ``--collector.disable-defaults`` without ``--collector.textfile``.
 
 Standard library only, Python 3.8+.
 """
@@ -485,3 +491,63 @@ def dcgm_lines(dcgm: dict[str, Any] | None) -> list[str]:
         message = "; ".join(entry["warnings"] + entry["info"]) or "no message"
         lines.append(f"  [dcgm] {where}: Warn in {entry['category']}/{entry['test']} (not a finding): {message}")
     return lines
+
+
+# node_exporter's program names (upstream's binary, Debian's and Ubuntu's package) and the folder each reads
+# textfiles from when its command line names none.
+NODE_EXPORTERS = {"node_exporter": None, "prometheus-node-exporter": "/var/lib/prometheus/node-exporter"}
+TEXTFILE_FLAG = "--collector.textfile.directory"
+FIX_NO_TEXTFILE_READER = (
+    "Install node_exporter (Debian's and Ubuntu's prometheus-node-exporter reads that folder as it is), start it "
+    "with --collector.textfile.directory={folder}, or set gpu_health_textfile_dir to the folder yours reads; the "
+    'check and its reports work without it (docs/monitoring.md, "A host without node_exporter").'
+)
+
+
+def textfile_folders(argv: list[str]) -> list[str]:
+    """The textfile folders of one node_exporter command line (none where its textfile collector is off)."""
+    if "--no-collector.textfile" in argv or (
+        "--collector.disable-defaults" in argv and "--collector.textfile" not in argv
+    ):
+        return []
+    folders = [arg.split("=", 1)[1] for arg in argv if arg.startswith(TEXTFILE_FLAG + "=")]
+    folders += [argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg == TEXTFILE_FLAG]
+    default = NODE_EXPORTERS.get(os.path.basename(argv[0]))
+    return [folder for part in folders for folder in part.split(",") if folder] or ([default] if default else [])
+
+
+def node_exporters(proc: str = "/proc") -> dict[str, list[str]]:
+    """``{"<program> (pid N)": [textfile folders]}`` of each node_exporter process that ``proc`` shows."""
+    found = {}
+    for path in sorted(glob.glob(os.path.join(proc, "[0-9]*", "cmdline"))):
+        try:
+            with open(path, "rb") as handle:
+                argv = [arg.decode("utf-8", "replace") for arg in handle.read().split(b"\0") if arg]
+        except OSError:
+            continue  # a process that ended meanwhile
+        if argv and os.path.basename(argv[0]) in NODE_EXPORTERS:
+            found[f"{os.path.basename(argv[0])} (pid {os.path.basename(os.path.dirname(path))})"] = textfile_folders(
+                argv
+            )
+    return found
+
+
+def textfile_note(textfile: str | None, proc: str = "/proc") -> dict[str, str] | None:
+    """``{"cause", "fix"}`` when no node_exporter on the host reads the folder of ``textfile``; None when one
+    does, or no textfile is written."""
+    if not textfile:
+        return None
+    folder = os.path.dirname(os.path.abspath(textfile))
+    exporters = node_exporters(proc)
+    readers = [name for name, folders in exporters.items() if folder in (os.path.abspath(f) for f in folders)]
+    if readers:
+        return None
+    if exporters:
+        seen = "; ".join(
+            f"{name} reads {', '.join(folders) or 'no textfile folder'}" for name, folders in exporters.items()
+        )
+        why = f"no node_exporter on this host reads that folder ({seen})"
+    else:
+        why = "no node_exporter runs on this host"
+    cause = f"The health metrics go to {textfile}, but {why}: no Prometheus sees them."
+    return {"cause": cause, "fix": FIX_NO_TEXTFILE_READER.format(folder=folder)}

@@ -12,6 +12,8 @@ named and described in files/monitoring/verification-metrics.yml.
 ``gpu_health_check``: the check's command result -> why it gave no report, or what is unhealthy.
 ``gpu_health_record_verdict``: the baseline's recording and the health report -> what stops the host, and
 what is said about a baseline that stays the last good one.
+``gpu_health_check_args``: whether the timer runs the check, and the run's stack model -> the options of the
+role's own run of the check: what the run pins (``--intended``), and ``--record`` where no timer does.
 The texts are in the catalog ``MESSAGES``.
 
 Each is documented in plugins/filter/<name>.yml.
@@ -31,24 +33,38 @@ from ansible.module_utils.parsing.convert_bool import boolean
 from ansible_collections.gpu_fleet.tf_hosts.plugins.module_utils.gpu_metrics import Family, render
 from ansible_collections.gpu_fleet.tf_hosts.plugins.plugin_utils.message import Message, option_problems
 
+MOVED = "Moved on purpose by this run, judged against its pins (the baseline follows once the verification passes)"
 FIX_COMMAND = "Run it by hand on the host (gpu-health --record-baseline --help) and rerun playbooks/verify.yml."
 METRICS_FILE = os.path.join(os.path.dirname(__file__), "..", "..", "files", "monitoring", "verification-metrics.yml")
+
+
+def _moved(report: dict[str, Any]) -> str:
+    """`` Moved on purpose by this run: driver 520.61.05 -> 555.42.06.`` (gpu_health.py's ``moved``), or ''."""
+    texts = [str(item.get("text")) for item in report.get("moved") or [] if isinstance(item, dict)]
+    return f" {MOVED}: {'; '.join(texts)}." if texts else ""
+
+
+def _notes(report: dict[str, Any]) -> str:
+    """`` Note: <cause> Fix: <fix>`` for each of the report's notes (metrics no node_exporter serves), or ''."""
+    notes = [item for item in report.get("notes") or [] if isinstance(item, dict)]
+    return "".join(f" Note: {item.get('cause')} Fix: {item.get('fix')}" for item in notes)
 
 
 def gpu_health_summary(report: dict[str, Any], host: str) -> str:
     """``{{ gpu_health_report | gpu_fleet.tf_hosts.gpu_health_summary(inventory_hostname) }}``."""
     if not report.get("up"):
         error = report.get("error") or {}
-        return f"GPU health of {host} could not be checked: {error.get('cause')} {error.get('fix')}".strip()
+        said = f"GPU health of {host} could not be checked: {error.get('cause')} {error.get('fix')}".strip()
+        return said + _notes(report)
     findings = report.get("findings") or []
     if not findings:
-        return f"GPU health of {host}: healthy."
+        return f"GPU health of {host}: healthy.{_moved(report)}{_notes(report)}"
     parts = [
         f"[{item.get('check')}{' ' + item['bus_id'] if item.get('bus_id') else ''}] {item.get('cause')} "
         f"Fix: {item.get('fix')}"
         for item in findings
     ]
-    return f"GPU health of {host}: {len(findings)} finding(s): " + " | ".join(parts)
+    return f"GPU health of {host}: {len(findings)} finding(s): " + " | ".join(parts) + _moved(report) + _notes(report)
 
 
 def gpu_health_outcome(stdout: str, stderr: str = "") -> dict[str, Any]:
@@ -295,7 +311,26 @@ def gpu_health_check(run: dict[str, Any], command: str, host: str) -> dict[str, 
         report = None
     if not isinstance(report, dict):
         return {"problem": MESSAGES["no_report"].text(command=command, host=host, rc=rc, error=""), "summary": None}
-    return {"problem": None, "summary": gpu_health_summary(report, host) if report.get("exit_code") != 0 else None}
+    said = report.get("exit_code") != 0 or bool(report.get("moved")) or bool(report.get("notes"))
+    return {"problem": None, "summary": gpu_health_summary(report, host) if said else None}
+
+
+def _names(stacks: Any) -> list[str]:
+    return [str(stack["name"]) for stack in stacks or [] if isinstance(stack, dict) and stack.get("name")]
+
+
+def gpu_health_check_args(timer_runs: Any, driver: Any, stacks: Any, absent: Any) -> list[str]:
+    """``{{ timer_runs | gpu_fleet.tf_hosts.gpu_health_check_args(gpu_preflight_resolved_driver,
+    gpu_preflight_resolved_stacks, gpu_preflight_resolved_absent) }}``: ``--intended`` with the driver this run
+    pins, its stacks and those it removes (a change the run made on purpose is no drift), and ``--record`` where
+    no timer runs the check (the run's check then moves the kernel log window; else the timer's runs alone do, and
+    the run's check only looks, so the next timer run still reports each Xid)."""
+    version = driver.get("version") if isinstance(driver, dict) else None
+    intended = {"driver_version": str(version) if version else None, "stacks": _names(stacks)}
+    intended["removed_stacks"] = _names(absent)
+    return ["--intended", json.dumps(intended, sort_keys=True)] + (
+        [] if boolean(timer_runs, strict=False) else ["--record"]
+    )
 
 
 def gpu_health_record_verdict(recorded: Any, report: Any, fail_on_findings: Any, host: str) -> dict[str, Any]:
@@ -334,4 +369,5 @@ class FilterModule:
             "gpu_health_options_checked": gpu_health_options_checked,
             "gpu_health_check": gpu_health_check,
             "gpu_health_record_verdict": gpu_health_record_verdict,
+            "gpu_health_check_args": gpu_health_check_args,
         }

@@ -197,7 +197,7 @@ def _health_status(report: dict) -> str:
 def compact_health(report: Any) -> dict | None:
     """gpu_health's published ``gpu_health_report`` (gpu_health.py's JSON report) -> the report's
     compact ``health``: ``{status, checked_at, findings: [{check, bus_id, cause, fix}], error: {cause, fix}
-    or None, dcgm: {level, tests: [{test, gpu, result}]} or None}``, without the GPU rows; None when the
+    or None, dcgm: {level, tests: [{test, gpu, result}]} or None, moved: [text], notes: [{cause, fix}]}``, without the GPU rows; None when the
     host has none (the role did not run, or ran under --check)."""
     if not isinstance(report, dict):
         return None
@@ -212,6 +212,14 @@ def compact_health(report: Any) -> dict | None:
         ],
         "error": {"cause": error.get("cause"), "fix": error.get("fix")} if isinstance(error, dict) else None,
         "dcgm": _compact_dcgm(report.get("dcgm")),
+        # What the run moved on purpose (a driver re-pin, a stack added or removed): judged against the run's pins.
+        "moved": [str(item.get("text")) for item in report.get("moved") or [] if isinstance(item, dict)],
+        # Said, never a finding: metrics that no node_exporter on the host serves.
+        "notes": [
+            {"cause": item.get("cause"), "fix": item.get("fix")}
+            for item in report.get("notes") or []
+            if isinstance(item, dict)
+        ],
     }
 
 

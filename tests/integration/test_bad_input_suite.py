@@ -465,6 +465,11 @@ CASES = [
             "Nothing was pushed to the host",
         ),
     ),
+    Case(
+        "health_kernel_log_relative",
+        {"gpu_health_kernel_log": "kern.log"},
+        ("gpu_health_kernel_log is kern.log", "the absolute path of a kernel log file", "Fix it in the inventory"),
+    ),
 ]
 
 

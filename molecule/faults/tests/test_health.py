@@ -171,8 +171,9 @@ FAULTS = {
 
 
 def gpu_health(*args: str, timeout: float = 60) -> tuple[int, dict]:
-    """The installed command, as the timer runs it; its JSON report."""
-    done = podman("exec", A, "gpu-health", "--format", "json", *args, check=False, timeout=timeout)
+    """The installed command, as the timer runs it (--record: it writes the metrics and the time of the check); its
+    JSON report."""
+    done = podman("exec", A, "gpu-health", "--record", "--format", "json", *args, check=False, timeout=timeout)
     assert done.returncode in (0, 1, 2), done.stdout + done.stderr
     return done.returncode, json.loads(done.stdout)
 

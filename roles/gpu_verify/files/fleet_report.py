@@ -715,7 +715,16 @@ def health_headline(health: Any) -> str:
     if status == NOT_CHECKED:
         return f"{NOT_CHECKED}: {NOT_CHECKED_REASON}"
     count = f", {_count(len(_findings(health)), 'finding')}" if status == UNHEALTHY else ""
-    return f"{status}{count}{dcgm_summary(health)} (checked {_get(health, 'checked_at') or 'at an unknown time'})"
+    checked = f"(checked {_get(health, 'checked_at') or 'at an unknown time'})"
+    return f"{status}{count}{dcgm_summary(health)} {checked}{moved_summary(health)}"
+
+
+def moved_summary(health: Any) -> str:
+    """``; moved on purpose by this run: driver 520.61.05 -> 555.42.06``: what the run changed on purpose, which
+    the health check judged against the run's pins, not the baseline's (gpu_health.py's ``moved``)."""
+    moved = _get(health, "moved")
+    texts = [str(text) for text in moved if text] if isinstance(moved, list) else []
+    return f"; moved on purpose by this run: {'; '.join(texts)}" if texts else ""
 
 
 def dcgm_summary(health: Any) -> str:
@@ -764,12 +773,23 @@ def health_line(summary: dict[str, Any]) -> str | None:
 
 def health_details(report: dict[str, Any]) -> list[tuple[str, str, list[tuple[str, str, str]]]]:
     """``(host, headline, items)`` of each host whose health needs a look: unhealthy (each finding) or
-    could not check (why, and the fix); the table's ``health`` column has the others."""
-    return [
-        (name, health_headline(host.get("health")), health_items(host.get("health")))
-        for name, host in report["hosts"].items()
-        if health_status(host.get("health")) in (UNHEALTHY, COULD_NOT_CHECK)
-    ]
+    could not check (why, and the fix), or where the run moved something on purpose (the headline says what) or
+    the check left a note (each with its fix); the table's ``health`` column has the others."""
+    details = []
+    for name, host in report["hosts"].items():
+        health = host.get("health")
+        items = health_items(health) + note_items(health)
+        if health_status(health) in (UNHEALTHY, COULD_NOT_CHECK) or items or moved_summary(health):
+            details.append((name, health_headline(health), items))
+    return details
+
+
+def note_items(health: Any) -> list[tuple[str, str, str]]:
+    """``("note", cause, fix)`` of each of the health report's notes: said, never a finding (metrics that no
+    node_exporter on the host serves)."""
+    notes = _get(health, "notes")
+    items = [item for item in notes if isinstance(item, dict)] if isinstance(notes, list) else []
+    return [("note", str(item.get("cause")), str(item.get("fix") or "-")) for item in items]
 
 
 def build_report(results: dict[str, Any], run_id: str | None, now: datetime.datetime | None = None) -> dict[str, Any]:

@@ -266,3 +266,21 @@ def test_help_documents_the_mode() -> None:
         assert option in done.stdout
     assert "--stack NAME=VENV[,LOCK]" in done.stdout and "--pci-devices DIR" in done.stdout
     assert "only recorded from\n  a healthy host" in done.stdout or "only recorded from a healthy host" in done.stdout
+
+
+def test_a_kept_baseline_names_the_width_the_last_verification_recorded(tmp_path: Path, record: Any) -> None:
+    """Refused over a narrowed link, the note once named the width of the baseline it would write ("x8 at
+    the last verification") where the last verification had recorded x16."""
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / "baseline.json").write_text((FIXTURES / "baseline-h100x8.json").read_text(encoding="utf-8"))
+    lines = [FAULTS[1] if number == 1 else line for number, line in enumerate(HEALTHY)]
+    code, out = record("--expected-gpus", "8", query_lines=lines)
+    rest = out.splitlines()[1:]
+    assert code == 2 and "REFUSED" in out and written(tmp_path)["gpus"]["0000:2a:00.0"]["pcie_link_width_current"] == 16
+    assert rest[0] == (
+        "  [pcie] 0000:2a:00.0: The PCIe link of GPU 0000:2a:00.0 runs at x8, expected x16 "
+        "(link maximum x16, x16 at the last verification)."
+    ), rest
+    (tmp_path / "state" / "baseline.json").unlink()  # no earlier verification: none named
+    rest = refused(tmp_path, *record("--expected-gpus", "8", query_lines=lines))
+    assert rest[0].endswith("runs at x8, expected x16 (link maximum x16)."), rest

@@ -403,3 +403,34 @@ def test_the_docs_describe_every_alert():
     docs = (ROOT / "docs" / "monitoring.md").read_text(encoding="utf-8")
     rows = set(re.findall(r"^\| `(Gpu[A-Za-z]+)` \| (critical|warning) \|", docs, re.MULTILINE))
     assert rows == {(name, rule["labels"]["severity"]) for name, rule in alerts().items()}
+
+
+# --- the health metrics' table in docs/monitoring.md --------------------------------------------------------------
+
+TABLE_ROW = re.compile(r"^\| `(gpu_fleet_health_\w+)` \| (\w+) \| (.*?) \| (.*) \|$")
+
+
+def documented_health_metrics() -> dict[str, tuple[str, set[str], str]]:
+    """``{name: (type, labels, meaning)}`` of the table "The health metrics" in docs/monitoring.md."""
+    text = (ROOT / "docs" / "monitoring.md").read_text(encoding="utf-8").split("### The health metrics", 1)[1]
+    rows = [TABLE_ROW.match(line) for line in text.split("\n\n| metric |", 1)[1].splitlines()]
+    return {
+        row.group(1): (row.group(2), set(re.findall(r"`(\w+)`", row.group(3))), row.group(4)) for row in rows if row
+    }
+
+
+def rendered_health_metrics() -> dict[str, tuple[str, set[str], str]]:
+    """The same of every family gpu_health writes: the rich report (a DCGM diagnostic run too) and the skipping one."""
+    dcgm = {"level": 1, "tests": [{"test": "memory", "gpu": 0, "result": "Pass"}]}
+    text = gpu_health.render_metrics({**rich_report(), "dcgm": dcgm}) + gpu_health.render_metrics(skipping_report())
+    helps = dict(re.findall(r"^# HELP (\S+) (.*)$", text, re.MULTILINE))
+    types = dict(re.findall(r"^# TYPE (\S+) (\S+)$", text, re.MULTILINE))
+    labels: dict[str, set[str]] = {name: set() for name in types}
+    for name, body in re.findall(r"^(gpu_fleet_health_\w+)\{(.*)\} ", text, re.MULTILINE):
+        labels[name] |= set(re.findall(r'(\w+)="', body))
+    return {name: (types[name], labels[name], helps[name]) for name in types}
+
+
+def test_the_docs_table_of_the_health_metrics_is_what_the_check_writes():
+    """One list of the health metrics for people, kept equal to the writer (names, types, labels, HELP)."""
+    assert documented_health_metrics() == rendered_health_metrics()

@@ -286,3 +286,48 @@ def test_a_refused_baseline_is_said_and_an_unhealthy_host_fails_only_when_asked(
         "problem": f"{note} {fails}",
         "note": None,
     }
+
+
+# --- the run's own check: what it pins, and whether it records ----------------------------------------------------
+
+
+def test_the_runs_check_gets_what_the_run_pins_and_records_only_without_a_timer():
+    driver, absent = {"version": "555.42.06", "runfile": {}}, [{"name": "tf2.11", "venv": "/opt/tensorflow/2.11"}]
+    args = health_filters.gpu_health_check_args(True, driver, STACKS, absent)
+    assert args[0] == "--intended" and len(args) == 2
+    assert json.loads(args[1]) == {
+        "driver_version": "555.42.06",
+        "stacks": ["tf2.12", "tf2.18"],
+        "removed_stacks": ["tf2.11"],
+    }
+    assert health_filters.gpu_health_check_args("false", None, None, None) == [
+        "--intended",
+        '{"driver_version": null, "removed_stacks": [], "stacks": []}',
+        "--record",
+    ]
+
+
+def test_what_the_run_moved_is_said_with_a_healthy_host():
+    moved = [{"what": "driver", "from": "520.61.05", "to": "555.42.06", "text": "driver 520.61.05 -> 555.42.06"}]
+    report = {"up": True, "exit_code": 0, "findings": [], "moved": moved}
+    summary = health_filters.gpu_health_summary(report, "gpu-a")
+    assert summary == (
+        "GPU health of gpu-a: healthy. Moved on purpose by this run, judged against its pins (the baseline follows "
+        "once the verification passes): driver 520.61.05 -> 555.42.06."
+    )
+    check = health_filters.gpu_health_check({"rc": 0, "stdout": json.dumps(report)}, "gpu-health", "gpu-a")
+    assert check == {"problem": None, "summary": summary}
+    quiet = health_filters.gpu_health_check({"rc": 0, "stdout": json.dumps({**report, "moved": []})}, "gpu-health", "a")
+    assert quiet == {"problem": None, "summary": None}
+
+
+def test_metrics_that_no_node_exporter_serves_are_said_with_the_fix():
+    note = {
+        "cause": "The health metrics go to /x/gpu_fleet_health.prom, but no node_exporter runs.",
+        "fix": "Install it.",
+    }
+    report = {"up": True, "exit_code": 0, "findings": [], "notes": [note]}
+    summary = health_filters.gpu_health_summary(report, "gpu-a")
+    assert summary == f"GPU health of gpu-a: healthy. Note: {note['cause']} Fix: Install it."
+    check = health_filters.gpu_health_check({"rc": 0, "stdout": json.dumps(report)}, "gpu-health", "gpu-a")
+    assert check["summary"] == summary

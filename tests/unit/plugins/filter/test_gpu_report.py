@@ -251,6 +251,8 @@ def _compact(status: str, findings: list | None = None, error: dict | None = Non
         "findings": findings or [],
         "error": error,
         "dcgm": None,
+        "moved": [],
+        "notes": [],
     }
 
 
@@ -273,7 +275,13 @@ def test_collect_carries_each_hosts_health_compact_and_none_without_the_fact():
         host: [health, health] for host, health in expected.items()
     }
     # compact: not the GPU rows, the driver, the checks or the XID events
-    assert set(report["sick"][0]["health"]) == {"status", "checked_at", "findings", "error", "dcgm"}
+    assert set(report["sick"][0]["health"]) == {"status", "checked_at", "findings", "error", "dcgm", "moved", "notes"}
+
+
+def test_what_the_run_moved_on_purpose_is_carried_as_its_words():
+    moved = [{"what": "driver", "from": "520.61.05", "to": "555.42.06", "text": "driver 520.61.05 -> 555.42.06"}]
+    health = gpu_report.compact_health({**_health_report(0), "moved": moved})
+    assert (health["status"], health["moved"]) == ("healthy", ["driver 520.61.05 -> 555.42.06"])
 
 
 def test_collect_carries_the_dcgm_result_per_test():

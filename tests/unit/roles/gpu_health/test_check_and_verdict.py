@@ -51,3 +51,16 @@ def test_main_stops_on_a_bad_option_before_it_writes_anything(tmp_path):
     assert "gpu_health_interval is every 5 minutes; it must be a systemd time span of at least a minute" in out
     assert "Install the health check, its command and its systemd units" in out
     assert "changed=0" in out and "failed=1" in out
+
+
+def test_the_runs_check_is_told_what_the_run_pins_and_records_where_no_timer_runs(tmp_path):
+    """The run's pins go to the check (a re-pin is moved, not drift); without systemd (no timer) the run's
+    check is the one that records, and the move is said."""
+    moved = {"up": True, "exit_code": 0, "findings": [], "moved": [{"text": "driver 520.61.05 -> 555.42.06"}]}
+    script = f"""printf '%s\\n' "$@" > {tmp_path}/args\necho '{json.dumps(moved)}'\n"""
+    driver = {"version": "555.42.06"}
+    out = " ".join(run(tmp_path, script, ["check"], gpu_preflight_resolved_driver=driver).split())
+    args = (tmp_path / "args").read_text().splitlines()
+    assert args[:2] == ["--format", "json"] and args[-1] == "--record", args
+    assert json.loads(args[args.index("--intended") + 1])["driver_version"] == "555.42.06"
+    assert "healthy. Moved on purpose by this run" in out and "driver 520.61.05 -> 555.42.06" in out

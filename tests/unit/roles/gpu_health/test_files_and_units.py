@@ -84,13 +84,17 @@ def test_the_check_runs_from_its_folder_through_its_command(tmp_path):
     done = subprocess.run(["sh", str(out / "gpu-health.sh"), "--help"], capture_output=True, text=True, env=env)
     assert done.returncode == 0, done.stderr
     assert "EXIT STATUS" in done.stdout
-    # No nvidia-smi here: the check runs, says it could not check, and still writes its metrics.
-    done = subprocess.run(
-        ["sh", str(out / "gpu-health.sh"), "--format", "json"], capture_output=True, text=True, env=env
-    )
-    assert done.returncode == 2, done.stdout + done.stderr
-    assert json.loads(done.stdout)["up"] is False
-    assert "gpu_fleet_health_up 0" in (out / "textfile" / "gpu_fleet_health.prom").read_text()
+    # No nvidia-smi here: the check runs and says it could not check. By hand it only looks (the command's
+    # default, --no-record); with --record, as the timer runs it, it still writes its metrics.
+    for record, written in (([], False), (["--record"], True)):
+        done = subprocess.run(
+            ["sh", str(out / "gpu-health.sh"), "--format", "json", *record], capture_output=True, text=True, env=env
+        )
+        assert done.returncode == 2, done.stdout + done.stderr
+        assert json.loads(done.stdout)["up"] is False
+        textfile = out / "textfile" / "gpu_fleet_health.prom"
+        assert textfile.exists() is written
+    assert "gpu_fleet_health_up 0" in textfile.read_text()
 
 
 def test_the_kernel_log_option_is_passed_only_when_set(tmp_path):
@@ -106,5 +110,9 @@ def test_the_systemd_units_verify(tmp_path):
     units = [str(out / "gpu-health.service"), str(out / "gpu-health.timer")]
     done = subprocess.run(["systemd-analyze", "verify", *units], capture_output=True, text=True)
     assert (done.returncode, done.stderr.strip()) == (0, ""), done.stdout + done.stderr
+    assert (
+        "ExecStart=" + str(out / "gpu-health.sh") + " --record --format text"
+        in (out / "gpu-health.service").read_text()
+    )
     timer = (out / "gpu-health.timer").read_text()
     assert "OnUnitInactiveSec=5min" in timer

@@ -1000,6 +1000,29 @@ def test_the_health_headline_counts_the_dcgm_results() -> None:
     assert fleet_report.health_headline(_health("unhealthy", [ECC])) == f"unhealthy, 1 finding (checked {CHECKED})"
 
 
+def test_what_the_run_moved_on_purpose_is_said_for_a_healthy_host() -> None:
+    """The run that re-pinned the driver reports the move beside "healthy", in every format's details."""
+    health = dict(_health("healthy"), moved=["driver 520.61.05 -> 555.42.06"])
+    report = fleet_report.build_report({"gpu01": [dict(passing_doc(), health=health)]}, None)
+    headline = f"healthy (checked {CHECKED}); moved on purpose by this run: driver 520.61.05 -> 555.42.06"
+    assert fleet_report.health_details(report) == [("gpu01", headline, [])]
+    assert f"- **gpu01**: {headline}" in fleet_report.format_markdown(report)
+    assert fleet_report.health_cell(health) == "healthy"
+
+
+def test_a_note_of_the_health_check_is_listed_with_its_fix() -> None:
+    note = {
+        "cause": "The health metrics go to /x/gpu_fleet_health.prom, but no node_exporter runs.",
+        "fix": "Install it.",
+    }
+    report = fleet_report.build_report(
+        {"gpu01": [dict(passing_doc(), health=dict(_health("healthy"), notes=[note]))]}, None
+    )
+    assert fleet_report.health_details(report) == [
+        ("gpu01", f"healthy (checked {CHECKED})", [("note", note["cause"], "Install it.")])
+    ]
+
+
 def test_each_health_status_shows_in_the_markdown_column_and_the_details() -> None:
     md = fleet_report.format_markdown(fleet_report.build_report(_health_results(), None))
     cells = {line.split(" | ")[0][2:]: line.split(" | ")[2] for line in md.splitlines() if line.startswith("| gpu0")}
