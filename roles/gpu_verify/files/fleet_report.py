@@ -1145,13 +1145,14 @@ def build_parser() -> argparse.ArgumentParser:
 def _missing_check(row: dict[str, Any], name: str) -> dict[str, Any]:
     """The outcome of a check that ``row`` lacks and another row of the run has: not run (null), for the reason
     its other checks give on a row without a verification document; ``verification`` passed on a row whose
-    verification ran (it has a document); not run on a stack whose result has no section for that check."""
+    verification ran (it has a document); not run on a stack whose result holds nothing for that check (no section
+    for it, such as ``default`` on a stack that is not the default, or no problem naming it)."""
     if row.get("not_run") == "all":
         reason = row["checks"].get(CHECKS[0], {}).get("reason")
         return _outcome(NOT_RUN, reason or "the host was not verified")
     if name == NO_DOCUMENT_CHECK:
         return _outcome(PASS, None)
-    return _outcome(NOT_RUN, f"this stack's result has no {name} section: gpu_verify.py did not check it here")
+    return _outcome(NOT_RUN, f"no {name} result for this stack (another row of this run has one)")
 
 
 def alike_checks(report: dict[str, Any]) -> dict[str, Any]:
