@@ -160,6 +160,7 @@ def _reprovision_after_a_wait(name: str, inventory: Path, reports: Path) -> tupl
                 break
     finally:
         holder.kill()
+        holder.wait()
     return _json_result(run, out, seen)
 
 
