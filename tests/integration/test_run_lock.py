@@ -11,7 +11,7 @@ Then site.yml, verify.yml and reprovision.yml (waiting for another run's lock) u
 json: stdout is one JSON document, and the exit code agrees with the report, also when the run's last step
 fails the host.
 
-About 240 s on an idle 2-core machine (two no-op runs, one waiting for the other; four runs under json).
+About 170 s on a 2-core machine (two no-op runs, one waiting for the other; four runs under json).
 """
 
 from __future__ import annotations
