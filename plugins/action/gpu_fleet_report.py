@@ -6,6 +6,9 @@ It runs gpu_verify's report writer (``roles/gpu_verify/files/fleet_report.py``) 
 Python, the results on its stdin and the options given; then it prints the report's table and publishes its
 summary as the job's artifacts (``gpu_verify_report_summary``, as ``ansible.builtin.set_stats`` with
 ``aggregate`` and without ``per_host`` would: AWX and Automation Platform show a job's stats as its artifacts).
+The table is printed for people: on stdout under a stdout callback that prints for them, on stderr under a
+machine-readable one (``ansible.posix.json``, AWX's events), whose stdout is that callback's alone; the task's
+result carries it as ``table`` (its lines), which every stdout callback shows or serializes its own way.
 Documentation: plugins/modules/gpu_fleet_report.py.
 """
 
@@ -20,6 +23,7 @@ from typing import Any
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.plugins.action import ActionBase
 from ansible_collections.gpu_fleet.tf_hosts.plugins.lookup.collection_path import collection_file
+from ansible_collections.gpu_fleet.tf_hosts.plugins.plugin_utils.human_output import to_stderr
 
 WRITER = "roles/gpu_verify/files/fleet_report.py"
 ARGS = ArgumentSpecValidator(
@@ -72,10 +76,16 @@ class ActionModule(ActionBase):
             said = (done.stderr or done.stdout).strip()[-TAIL:]
             return dict(result, failed=True, rc=done.returncode, msg=f"The fleet report could not be written: {said}")
         report = json.loads(done.stdout)
-        self._display.display("\n".join(shown(report)))
+        # Ansible gives stdout to the stdout callback alone ("You can only have one plugin be the main manager of
+        # your console output", Ansible documentation "Callback plugins",
+        # https://docs.ansible.com/ansible/latest/plugins/callback.html): the table goes there only when that
+        # callback prints for people, else to stderr; scripts read it from this task's result (``table``).
+        lines = shown(report)
+        self._display.display("\n".join(lines), stderr=to_stderr())
         return dict(
             result,
             changed=False,
+            table=lines,
             msg=f"The fleet report of {report.get('inventory')}: "
             + ("written" if report.get("written") else "not written"),
             summary=summary(report),

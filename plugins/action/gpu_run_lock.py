@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ansible.plugins.action import ActionBase
+from ansible_collections.gpu_fleet.tf_hosts.plugins.plugin_utils.human_output import to_stderr
 from ansible_collections.gpu_fleet.tf_hosts.plugins.plugin_utils.role_input import role_input
 
 MODULE = "gpu_fleet.tf_hosts.gpu_run_lock"
@@ -225,7 +226,7 @@ class ActionModule(ActionBase):
         # Ansible's workers are children of the ansible-playbook process.
         record = run_record(os.getppid(), datetime.datetime.now(datetime.timezone.utc))  # noqa: UP017
         host = task_vars.get("inventory_hostname", "the host")
-        deadline, replace, replaced, told = time.monotonic() + wait, None, None, False
+        deadline, replace, replaced, told = time.monotonic() + wait, None, None, ""
         while True:
             done = self._call({"path": path, "state": "present", "record": record, "replace": replace}, task_vars)
             if done.get("failed"):
@@ -233,7 +234,8 @@ class ActionModule(ActionBase):
             if done["held"]:
                 # The stale holder may have been replaced by another run meanwhile, which then gave the lock back.
                 replaced = replaced if done.get("replaced") else None
-                return self._taken(result, host, path, dict(record, host_boot_id=done["boot_id"]), replaced)
+                taken = self._taken(result, host, path, dict(record, host_boot_id=done["boot_id"]), replaced)
+                return dict(taken, waited_for=told or None)
             holder = done["holder"]
             now = datetime.datetime.now(datetime.timezone.utc)  # noqa: UP017
             reason = stale_reason(holder, done["boot_id"], record, process_start, now, max_age)
@@ -243,10 +245,12 @@ class ActionModule(ActionBase):
             if time.monotonic() >= deadline:
                 return dict(result, failed=True, holder=holder, msg=waited_too_long(host, path, holder, wait))
             if not told:
+                # Said while waiting, for the person watching; on stderr under a machine-readable stdout callback
+                # (json, AWX's events), whose stdout is that callback's alone. The result names the holder waited for.
+                told = describe(holder)
                 self._display.display(
-                    f"{host}: waiting up to {wait} s for the run lock {path}, held by {describe(holder)}"
+                    f"{host}: waiting up to {wait} s for the run lock {path}, held by {told}", stderr=to_stderr()
                 )
-                told = True
             time.sleep(max(0.0, min(POLL, deadline - time.monotonic())))
 
     @staticmethod

@@ -17,9 +17,10 @@ description:
     so a person watching a 20-minute install sees it move.
   - Ansible's own output prints only C(ASYNC POLL on <host>) with the job's id at each poll; this line adds
     the task and the time since the task started on that host.
-  - The lines go to standard output only under Ansible's default stdout callback. Under any other (such as
-    C(ansible.builtin.json), whose standard output scripts and CI parse as one document) they go to
-    standard error, where a person still sees them.
+  - The lines go to standard output only under a stdout callback that prints for people (C(default),
+    C(minimal), C(community.general.yaml) and the like). Under any other (such as C(ansible.posix.json), whose
+    standard output scripts and CI parse as one document, or AWX's event stream) they go to standard error,
+    where a person still sees them.
 requirements:
   - Enabled in C(ansible.cfg) (C(callbacks_enabled = gpu_fleet.tf_hosts.progress) under C([defaults])) or
     with C(ANSIBLE_CALLBACKS_ENABLED=gpu_fleet.tf_hosts.progress). The project's own C(ansible.cfg)
@@ -29,12 +30,9 @@ requirements:
 import time  # noqa: E402  (imports follow the documentation block, as ansible-test validate-modules requires)
 from typing import Any  # noqa: E402
 
-from ansible import constants as C  # noqa: E402
 from ansible.plugins.callback import CallbackBase  # noqa: E402
+from ansible_collections.gpu_fleet.tf_hosts.plugins.plugin_utils.human_output import to_stderr  # noqa: E402
 from ansible_collections.gpu_fleet.tf_hosts.plugins.plugin_utils.task_result import task_result_host  # noqa: E402
-
-# Ansible's default stdout callback, by its short and its full name.
-HUMAN_STDOUT = frozenset({"default", "ansible.builtin.default"})
 
 
 def elapsed(seconds: float) -> str:
@@ -60,8 +58,8 @@ class CallbackModule(CallbackBase):
     ) -> None:
         super().__init__(*args, **kwargs)
         self._clock = clock
-        # Another stdout callback's output may be parsed (json, yaml): the lines then go to stderr.
-        self._to_stderr = (stdout_callback or C.DEFAULT_STDOUT_CALLBACK) not in HUMAN_STDOUT
+        # Under a machine-readable stdout callback (json, AWX's events) the lines go to stderr (see human_output.to_stderr).
+        self._to_stderr = to_stderr(stdout_callback)
         # host -> (task name, start): a poll's own result is that of Ansible's internal async_status task.
         self._running: dict[str, tuple[str, float]] = {}
 

@@ -273,6 +273,35 @@ def _no_results(host: str, facts: Any, alive_hosts: list[str]) -> dict:
     )
 
 
+AFTER_VERIFICATION = "after_verification"
+
+
+def _passed(docs: list[Any]) -> bool:
+    """Whether every stack's document says its verification passed (``ok`` and no problems)."""
+    return bool(docs) and all(
+        isinstance(doc, dict) and doc.get("ok") is True and not doc.get("problems") for doc in docs
+    )
+
+
+def failed_after_verification(docs: list[Any], host: str, facts: Any, alive_hosts: list[str]) -> list[Any]:
+    """The documents of a host that left the play after its verification passed: a later step (the record of the
+    health baseline, the default switch, giving the host back to the scheduler) failed it or lost it. Each
+    document then fails with the check :data:`AFTER_VERIFICATION`, whose cause names that step, so that the
+    report says FAIL where the run's exit code does. Any other host's documents as they are (a host whose checks
+    failed left the play for them: its documents say so)."""
+    if host in alive_hosts or not _passed(docs):
+        return docs
+    failed, lost = facts.get("gpu_verify_failed_reason"), facts.get("gpu_verify_unreachable_reason")
+    step = failed or (f"a connection lost: {lost}" if lost else "a later step (see the run's output)")
+    problem = {
+        "check": AFTER_VERIFICATION,
+        "cause": f"The verification passed, then the run failed this host at {step}",
+        "fix": "Fix what that step's message names (the run's output has the task in full), then run again: the "
+        "host counts as failed until a run passes every step.",
+    }
+    return [dict(doc, ok=False, problems=[problem]) for doc in docs]
+
+
 def gpu_verify_collect(all_hosts: list[str], hostvars: Any, alive_hosts: list[str]) -> dict:
     """Gather ``gpu_verify_results`` of every host, with the preflight checks it overrode.
 
@@ -288,7 +317,9 @@ def gpu_verify_collect(all_hosts: list[str], hostvars: Any, alive_hosts: list[st
         ``default_switch`` (gpu_env's ``gpu_env_default_switch``, ``{from, to, switched, waits}``, when a new
         default stack waited; its own checks replace those of their stack, :func:`gpu_verify_outcome`) and
         ``health`` (gpu_health's ``gpu_health_report`` made compact, :func:`compact_health`; None without
-        one).  A host without results maps to one document instead of a list (:func:`_no_results`).
+        one).  A host without results maps to one document instead of a list (:func:`_no_results`); a host
+        that a later step failed after its verification passed has its documents failed with that step
+        (:func:`failed_after_verification`).
     """
     report: dict[str, Any] = {}
     for host in all_hosts:
@@ -308,7 +339,8 @@ def gpu_verify_collect(all_hosts: list[str], hostvars: Any, alive_hosts: list[st
             # Published by gpu_health, which runs first: the host's GPU health at the time of the run.
             "health": compact_health(facts.get("gpu_health_report")),
         }
-        report[host] = [dict(doc, **extra) for doc in results.values()]
+        docs = failed_after_verification(list(results.values()), host, facts, alive_hosts)
+        report[host] = [dict(doc, **extra) for doc in docs]
     return report
 
 

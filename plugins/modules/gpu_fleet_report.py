@@ -16,6 +16,10 @@ description:
   - Prints the report's table and where it was written, and publishes the summary as the custom stat
     C(gpu_verify_report_summary) (aggregated, not per host), which AWX and Automation Platform show as the job's
     artifacts, as M(ansible.builtin.set_stats) would.
+  - The table goes to standard output under a stdout callback that prints for people (C(default), C(minimal),
+    C(community.general.yaml) and the like) and to standard error under any other (such as C(ansible.posix.json)
+    or AWX's event stream), so that a machine-readable standard output holds that callback's output alone. The
+    result carries the same lines as RV(table).
   - gpu_verify's entry point C(report) runs it once per play or batch (C(run_once)); the filters
     P(gpu_fleet.tf_hosts.gpu_verify_report_args#filter) and P(gpu_fleet.tf_hosts.gpu_verify_collect#filter) build
     its options. Runs on the controller only; changes nothing on the hosts.
@@ -69,4 +73,9 @@ summary:
   description: The report's summary (hosts, passed, failed, ...) with C(inventory), C(run_dir), C(latest) and C(written).
   returned: success
   type: dict
+table:
+  description: The lines printed, the report's table and where it was written.
+  returned: success
+  type: list
+  elements: str
 """

@@ -108,6 +108,13 @@ replaced:
   description: The stale holder this run replaced, with C(stale) saying why; null when there was none.
   returned: when the lock was taken
   type: dict
+waited_for:
+  description: The live run this run waited for before it took the lock (as the waiting line names it), null when
+    it waited for none. While waiting, the line goes to standard output under a stdout callback that prints for
+    people and to standard error under a machine-readable one (such as C(ansible.posix.json)).
+  returned: when the lock was taken
+  type: str
+  sample: "the run of ops on ops1 (ansible-playbook process 4242: site.yml), started 2026-12-04T10:00:00Z"
 held:
   description: Module only; whether this call holds the lock now (V(state=present)).
   returned: always

@@ -63,7 +63,10 @@ not verify (see report_history.py; ``--dry-run`` writes nothing):
   cells (strings; ``not_run`` lists the checks that did not run) and ``checks``: ``{check:
   {"status": "pass"|"fail"|"not run", "passed": true|false|null, "reason": str|null}}``, where
   ``passed`` is null and ``reason`` says why for a check that did not run, and ``reason`` is the
-  first cause for a failed one.
+  first cause for a failed one.  Every row of a host of this run has the same checks (those any such
+  row has): one that a row lacks is null, not run, with the reason (an unreachable host's ``lock``
+  and ``default`` among them), and ``verification`` passed on a row whose verification ran
+  (:func:`alike_checks`).
 * ``<run folder>/fleet-report.md``: the health counts, the same table in Markdown (column ``GPU
   health``: ``healthy``, ``unhealthy (N findings)``, ``could not check``, ``not checked``), then the
   notes, every check that did not run with its reason (``not run: ...``), every cause and fix, and
@@ -1313,10 +1316,43 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _missing_check(row: dict[str, Any], name: str) -> dict[str, Any]:
+    """The outcome of a check that ``row`` lacks and another row of the run has: not run (null), for the reason
+    its other checks give on a row without a verification document; ``verification`` passed on a row whose
+    verification ran (it has a document); not run on a stack whose result holds nothing for that check (no section
+    for it, such as ``default`` on a stack that is not the default, or no problem naming it)."""
+    if row.get("not_run") == "all":
+        reason = row["checks"].get(CHECKS[0], {}).get("reason")
+        return _outcome(NOT_RUN, reason or "the host was not verified")
+    if name == NO_DOCUMENT_CHECK:
+        return _outcome(PASS, None)
+    return _outcome(NOT_RUN, f"no {name} result for this stack (another row of this run has one)")
+
+
+def alike_checks(report: dict[str, Any]) -> dict[str, Any]:
+    """The report as fleet-report.json holds it: every row of a host of this run has the same checks, those any
+    such row has, a check that a row lacks null (not run) with the reason (:func:`_missing_check`), so that a
+    script reads the same keys for every host. The rows of a host carried over keep their one check ``carried``;
+    the text, Markdown, HTML and JUnit reports list each row's own checks."""
+    current = {name: host for name, host in report["hosts"].items() if not host.get("carried_over")}
+    names = list(dict.fromkeys(check for host in current.values() for row in host["rows"] for check in row["checks"]))
+    alike = {
+        name: dict(
+            host,
+            rows=[
+                dict(row, checks={check: row["checks"].get(check) or _missing_check(row, check) for check in names})
+                for row in host["rows"]
+            ],
+        )
+        for name, host in current.items()
+    }
+    return dict(report, hosts={name: alike.get(name, host) for name, host in report["hosts"].items()})
+
+
 def render(report: dict[str, Any]) -> dict[str, str]:
     """The report's files: {file name: text}."""
     return {
-        "fleet-report.json": json.dumps(report, indent=2, sort_keys=True, default=str) + "\n",
+        "fleet-report.json": json.dumps(alike_checks(report), indent=2, sort_keys=True, default=str) + "\n",
         "fleet-report.md": format_markdown(report),
         "fleet-report.html": format_html(report),
         "fleet-report.junit.xml": format_junit(report),

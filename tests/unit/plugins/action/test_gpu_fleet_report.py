@@ -4,6 +4,7 @@ as the job's custom stats, in real ansible-playbook runs against localhost."""
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import yaml
@@ -16,13 +17,17 @@ from helpers import localhost_playbook
 UNREACHABLE = {"unreachable": True, "error": "ssh: connect to host h2 port 22: No route to host", "failed": None}
 
 
-def _play(tmp_path: Path, options: list[str]) -> tuple[int, str]:
+def _run(tmp_path: Path, options: list[str], **env: str) -> subprocess.CompletedProcess:
     results = {"h2": dict(UNREACHABLE, connection="ssh")}
     task = {"name": "Report", "gpu_fleet.tf_hosts.gpu_fleet_report": {"options": options, "results": results}}
     play = {"hosts": "localhost", "gather_facts": False, "tasks": [task]}
     (tmp_path / "play.yml").write_text(yaml.safe_dump([play]))
-    env = {"ANSIBLE_HOME": str(tmp_path / ".ansible"), "ANSIBLE_SHOW_CUSTOM_STATS": "1"}
-    done = localhost_playbook(tmp_path / "play.yml", env)
+    env = {"ANSIBLE_HOME": str(tmp_path / ".ansible"), "ANSIBLE_SHOW_CUSTOM_STATS": "1", **env}
+    return localhost_playbook(tmp_path / "play.yml", env)
+
+
+def _play(tmp_path: Path, options: list[str]) -> tuple[int, str]:
+    done = _run(tmp_path, options)
     return done.returncode, done.stdout + done.stderr
 
 
@@ -43,6 +48,23 @@ def test_the_report_is_written_printed_and_published(tmp_path):
     assert f"Written to {tmp_path / 'reports' / 'fleet' / report['run_folder']} (JSON, Markdown, HTML, JUnit)" in out
     stats = out[out.index("CUSTOM STATS") :]
     assert "gpu_verify_report_summary" in stats and "failed: 1" in stats and "written: true" in stats
+
+
+def test_the_table_is_on_stdout_for_people(tmp_path):
+    done = _run(tmp_path, _options(tmp_path))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Written to " in done.stdout and "Written to " not in done.stderr
+
+
+def test_under_the_json_callback_stdout_is_one_document_with_the_table_in_the_result(tmp_path):
+    done = _run(tmp_path, _options(tmp_path), ANSIBLE_STDOUT_CALLBACK="json")
+    assert done.returncode == 0, done.stderr
+    document = json.loads(done.stdout)
+    (result,) = document["plays"][0]["tasks"][0]["hosts"].values()
+    assert any(line.startswith("h2") and "FAIL" in line for line in result["table"]), result["table"]
+    assert result["table"][-1].startswith("Written to ") and result["summary"]["failed"] == 1
+    # A person still sees the table, on stderr.
+    assert "Written to " in done.stderr
 
 
 def test_a_dry_run_writes_nothing(tmp_path):

@@ -116,10 +116,22 @@ PLAYBOOK = """\
 """
 
 
-def _play(tmp_path: Path, lock: Path, wait: int = 0) -> subprocess.CompletedProcess:
+def _play(tmp_path: Path, lock: Path, wait: int = 0, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     playbook = tmp_path / "take.yml"
     playbook.write_text(PLAYBOOK.format(path=lock, wait=wait))
-    return localhost_playbook(playbook)
+    return localhost_playbook(playbook, env)
+
+
+def _live_holder(lock: Path, pid: int) -> dict:
+    """A lock held by the live process ``pid`` of this controller, started now."""
+    holder = dict(
+        gpu_run_lock.run_record(pid, NOW),
+        host_boot_id=Path(gpu_run_lock.BOOT_ID).read_text().strip(),
+        started=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),  # noqa: UP017
+    )
+    lock.parent.mkdir()
+    lock.write_text(json.dumps(holder))
+    return holder
 
 
 def test_a_run_killed_with_the_lock_leaves_it_and_the_next_run_replaces_it_saying_so(tmp_path):
@@ -154,6 +166,21 @@ def test_a_live_holder_is_waited_for_and_then_named(tmp_path):
     assert f"(ansible-playbook process {sleeper.pid}: no playbook named)" in run.stdout
     assert "This run waited 2 s (gpu_preflight_run_lock_wait)" in run.stdout
     assert json.loads(lock.read_text())["token"] == holder["token"]
+
+
+def test_under_the_json_callback_the_wait_is_said_on_stderr_and_stdout_is_one_document(tmp_path):
+    lock = tmp_path / "lock" / "run.lock"
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        holder = _live_holder(lock, sleeper.pid)
+        run = _play(tmp_path, lock, wait=3, env={"ANSIBLE_STDOUT_CALLBACK": "json"})
+    finally:
+        sleeper.kill()
+    assert run.returncode != 0
+    document = json.loads(run.stdout)
+    (result,) = document["plays"][0]["tasks"][0]["hosts"].values()
+    assert result["failed"] and result["holder"]["token"] == holder["token"]
+    assert f"waiting up to 3 s for the run lock {lock}, held by the run of {holder['user']}" in run.stderr
 
 
 def test_a_holder_that_ends_while_waited_for_hands_over(tmp_path):

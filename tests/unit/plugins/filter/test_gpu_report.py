@@ -139,6 +139,40 @@ def test_a_host_stopped_by_a_preflight_check_is_failed_in_that_check_never_unrea
     assert (failure.get("type"), failure.get("message")) == ("preflight", cause)
 
 
+PASSED = {"ok": True, "problems": [], "stack": "tf2.12", "schema": 1, "gpus": {"expected": 2, "seen": 2}}
+BASELINE_TASK = "task 'Stop when the baseline could not be written or the host is unhealthy': nvidia-smi failed"
+
+
+def test_a_host_failed_after_its_verification_passed_is_failed_at_that_step():
+    hostvars = {
+        "late": {"gpu_verify_results": {"tf2.12": PASSED}, "gpu_verify_failed_reason": BASELINE_TASK},
+        "lost": {"gpu_verify_results": {"tf2.12": PASSED}, "gpu_verify_unreachable_reason": "ssh: timed out"},
+        "up": {"gpu_verify_results": {"tf2.12": PASSED}},
+    }
+    collected = gpu_report.gpu_verify_collect(["late", "lost", "up"], hostvars, ["up"])
+    (late,) = collected["late"]
+    assert late["ok"] is False and late["stack"] == "tf2.12" and late["gpus"] == PASSED["gpus"]
+    assert late["problems"] == [
+        {
+            "check": "after_verification",
+            "cause": f"The verification passed, then the run failed this host at {BASELINE_TASK}",
+            "fix": late["problems"][0]["fix"],
+        }
+    ]
+    assert collected["lost"][0]["problems"][0]["cause"].endswith("at a connection lost: ssh: timed out")
+    assert collected["up"][0]["ok"] is True and collected["up"][0]["problems"] == []
+    hosts = fleet_report.build_report(collected, None)["hosts"]
+    assert (hosts["late"]["status"], hosts["up"]["status"]) == ("FAIL", "PASS")
+    assert hosts["late"]["rows"][0]["checks"]["after_verification"]["reason"] == late["problems"][0]["cause"]
+    assert "after_verification" in fleet_report.format_text(fleet_report.build_report(collected, None))
+
+
+def test_a_host_whose_checks_failed_keeps_its_own_documents_when_it_left_the_play():
+    failed = {"ok": False, "problems": [{"check": "fit", "cause": "loss went up", "fix": "f"}], "stack": "tf2.12"}
+    hostvars = {"f": {"gpu_verify_results": {"tf2.12": failed}, "gpu_verify_failed_reason": "task 'Fail': fit"}}
+    assert gpu_report.gpu_verify_collect(["f"], hostvars, [])["f"][0]["problems"] == failed["problems"]
+
+
 def test_collected_podman_host_gets_the_container_fix_and_one_failed_junit_case_per_host():
     hostvars = {"gpu-f3": {"ansible_connection": "containers.podman.podman"}, "gpu-f4": {}}
     report = fleet_report.build_report(gpu_report.gpu_verify_collect(["gpu-f3", "gpu-f4"], hostvars, []), None)

@@ -412,10 +412,11 @@ def test_reprovision_guards_checks_and_drains_in_that_order_and_undrains_last():
     # Every check of playbooks/preflight.yml runs before the drain; the first change after it.
     preflight = _changes(site_steps()[0])
     assert max(steps.index(s) for s in preflight) < drain < steps.index(("nvidia_driver", "main"))
-    # Between the verification and the undrain: the switch of a verified new default, the report (which names
-    # the hosts left out, once per batch), and the health baseline of what was verified.
+    # Between the verification and the undrain: the switch of a verified new default, the health baseline of what
+    # was verified, and then the report (which names the hosts left out, once per batch), after every step that
+    # can fail a host before the undrain.
     verify = steps.index(("gpu_verify", "main"))
-    assert steps[verify + 1 : undrain] == [("gpu_env", "switch"), ("gpu_verify", "report"), ("gpu_health", "record")]
+    assert steps[verify + 1 : undrain] == [("gpu_env", "switch"), ("gpu_health", "record"), ("gpu_verify", "report")]
 
 
 def test_a_failed_host_gets_its_batch_report_then_counts_against_max_fail_percentage():

@@ -542,6 +542,37 @@ def test_a_host_without_a_verification_document_is_one_failure_and_every_check_n
     assert all(c.find("skipped") is not None for c in cases[1:])
 
 
+def test_the_json_has_the_same_checks_for_every_host_null_where_not_known(tmp_path: Path) -> None:
+    reached, other = passing_doc(), passing_doc()
+    reached["lock"] = {"path": "/opt/tensorflow/2.12/tf-lock.txt", "sha256": LOCK_SHA, "pins": 45, "ok": True}
+    reached["default"] = {"symlink": "/usr/local/cuda", "points_at": "/usr/local/cuda-11.8", "ok": True}
+    other["stack"] = "tf2.15"
+    results = {"gpu01": [reached, other], "gpu03": RESULTS["gpu03"]}
+    source = tmp_path / "results.json"
+    source.write_text(json.dumps(results))
+    assert fleet_report.main(["--input", str(source), "--out-dir", str(tmp_path)], stdout=io.StringIO()) == 0
+    hosts = json.loads((tmp_path / "default" / "latest" / "fleet-report.json").read_text())["hosts"]
+    rows = hosts["gpu01"]["rows"] + hosts["gpu03"]["rows"]
+    names = {"verification", *fleet_report.CHECKS, "lock", "default"}
+    assert [set(row["checks"]) for row in rows] == [names] * 3
+    unreachable = hosts["gpu03"]["rows"][0]["checks"]
+    cause = hosts["gpu03"]["problems"][0]["cause"]
+    for name in ("lock", "default"):  # present, null, with the reason its other checks give
+        assert unreachable[name] == {
+            "status": "not run",
+            "passed": None,
+            "reason": f"the host was not verified: {cause}",
+        }
+    first, second = hosts["gpu01"]["rows"][0]["checks"], hosts["gpu01"]["rows"][1]["checks"]
+    assert first["verification"] == {"status": "pass", "passed": True, "reason": None}
+    assert (first["default"]["passed"], second["default"]["passed"]) == (True, None)
+    assert second["default"]["reason"] == "no default result for this stack (another row of this run has one)"
+    # The other formats list each row's own checks.
+    report = fleet_report.build_report(results, None)
+    assert "default" not in report["hosts"]["gpu01"]["rows"][1]["checks"]
+    assert "lock" not in report["hosts"]["gpu03"]["rows"][0]["checks"]
+
+
 def test_unreachable_host_in_junit_has_one_failure_with_the_reason_the_checks_skipped_and_no_pass() -> None:
     report = fleet_report.build_report({"gpu03": RESULTS["gpu03"]}, None)
     suite = ET.fromstring(fleet_report.format_junit(report))
