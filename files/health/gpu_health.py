@@ -3,7 +3,9 @@
 One run reads, each command under ``--timeout`` seconds (killed, with its children, when it hangs):
 
 - ``nvidia-smi --query-gpu=<gpu_parsers.HEALTH_FIELDS> --format=csv,noheader,nounits`` (drivers that
-  refuse the ``clocks_event_reasons.*`` names are asked again with ``clocks_throttle_reasons.*``);
+  refuse the ``clocks_event_reasons.*`` names are asked again with ``clocks_throttle_reasons.*``; any
+  other field the driver does not know is left out and not judged, and a check none of whose fields it
+  knows, ecc or clocks, is skipped naming them);
 - ``nvidia-smi nvlink -s``;
 - only when the ecc check has a finding, for each GPU it names: ``nvidia-smi -q -d
   ECC,PAGE_RETIREMENT,ROW_REMAPPER -i <bus id>``, whose remapped rows, retired pages and uncorrectable
@@ -212,8 +214,26 @@ CLOCK_REASONS = (
 # version: <v>"), an unknown --query-gpu field, and exit status 6 "No devices were found".
 MISMATCH = "driver/library version mismatch"
 NVML_LIBRARY_VERSION = re.compile(r"NVML library version:\s*(\d+(?:\.\d+)+)")
-INVALID_FIELD = "is not a valid field to query"
 NO_DEVICES = "no devices were found"
+# nvidia-smi names the first --query-gpu field it does not know and answers nothing else ('Field "<name>"
+# is not a valid field to query.', exit status 2: nvidia-smi(1), RETURN VALUE). A driver knows the fields of
+# its own release and older ones (``nvidia-smi --help-query-gpu``): one older than clocks_event_reasons.*
+# is asked again with clocks_throttle_reasons.*, and any other field it does not know is left out and read
+# as not reported (None, like ``[N/A]``), so that the check judges what the driver can tell. A check none of
+# whose fields the driver knows is skipped, naming them. The fields that name a GPU are required.
+UNKNOWN_FIELD = re.compile(r'Field "([^"]+)" is not a valid field to query')
+REQUIRED_FIELDS = ("index", "pci.bus_id", "uuid", "name", "driver_version")
+# The check that reads each other health field (gpu_parsers.HEALTH_FIELDS), by the field's first word.
+FIELD_CHECKS = {
+    "persistence_mode": "persistence",
+    "pcie": "pcie",
+    "ecc": "ecc",
+    "retired_pages": "ecc",
+    "remapped_rows": "ecc",
+    "clocks_event_reasons": "clocks",
+    "clocks_throttle_reasons": "clocks",
+}
+OLD_CLOCK_NAMES = ("clocks_event_reasons.", "clocks_throttle_reasons.")
 
 FIX_NVIDIA_SMI_MISSING = (
     "Install the NVIDIA driver's utilities (the nvidia_driver role) or pass --nvidia-smi with the path."
@@ -372,34 +392,70 @@ def smi_failed(
     return CouldNotCheck(f"`{command}` failed with exit status {rc}: {tail(output)}", FIX_NVIDIA_SMI_FAILED)
 
 
+def ask_known_fields(nvidia_smi: str, timeout: float) -> tuple[CommandResult, list[str], list[str]]:
+    """The health query, asked again without each field nvidia-smi says it does not know (the clock
+    fields first under their old names, UNKNOWN_FIELD): its last answer, the fields asked in it and the
+    fields left out. A required field it does not know, or any other failure, is that last answer."""
+    fields, unknown = list(gpu_parsers.HEALTH_FIELDS), []
+    while True:  # each round leaves out a field or renames the clock fields once, so it ends
+        result = run_nvidia_smi(query_command(nvidia_smi, fields), timeout)
+        named = UNKNOWN_FIELD.search(result.stdout + result.stderr) if result.rc != 0 else None
+        field = named.group(1) if named else None
+        if field not in fields or field in REQUIRED_FIELDS:
+            return result, fields, unknown
+        if field.startswith(OLD_CLOCK_NAMES[0]):  # a driver that predates clocks_event_reasons
+            fields = [name.replace(*OLD_CLOCK_NAMES) for name in fields]
+        else:
+            fields.remove(field)
+            unknown.append(field)
+
+
+def field_key(field: str) -> str:
+    """parse_health_query's key of a health field, under either name of the clock fields."""
+    return field.replace(OLD_CLOCK_NAMES[1], OLD_CLOCK_NAMES[0]).replace(".", "_")
+
+
 def query_gpus(
     nvidia_smi: str, timeout: float, markers: Sequence[str] = gpu_parsers.CONTAINER_MARKERS
-) -> tuple[list[dict[str, Any]] | None, dict[str, Any] | None]:
-    """The GPUs as ``gpu_parsers.parse_health_query`` gives them, and None; or None and
-    ``{"library_version", "output"}`` when NVML reports a driver/library version mismatch. ``markers``:
-    the files that tell a container (gpu_parsers.CONTAINER_MARKERS), for exit 9's fix.
+) -> tuple[list[dict[str, Any]] | None, dict[str, Any] | None, list[str]]:
+    """The GPUs as ``gpu_parsers.parse_health_query`` gives them (None for each field the driver does not
+    know), None, and the fields it does not know; or None and ``{"library_version", "output"}`` when NVML
+    reports a driver/library version mismatch. ``markers``: the files that tell a container
+    (gpu_parsers.CONTAINER_MARKERS), for exit 9's fix.
 
     Raises:
         CouldNotCheck: nvidia-smi is missing, hangs, fails otherwise or answers in an unknown form.
     """
-    fields = gpu_parsers.HEALTH_FIELDS
-    result = run_nvidia_smi(query_command(nvidia_smi, fields), timeout)
-    if result.rc != 0 and INVALID_FIELD in result.stdout + result.stderr:
-        fields = gpu_parsers.HEALTH_FIELDS_THROTTLE_NAMES  # a driver that predates clocks_event_reasons
-        result = run_nvidia_smi(query_command(nvidia_smi, fields), timeout)
+    result, fields, unknown = ask_known_fields(nvidia_smi, timeout)
     output = result.stdout + result.stderr
     if MISMATCH in output.lower():
         version = NVML_LIBRARY_VERSION.search(output)
-        return None, {"library_version": version.group(1) if version else None, "output": tail(output, 200)}
+        return None, {"library_version": version.group(1) if version else None, "output": tail(output, 200)}, unknown
     if result.rc != 0 and NO_DEVICES not in output.lower():
         raise smi_failed(" ".join(query_command(nvidia_smi, fields)), result.rc, output, markers)
     try:
-        return gpu_parsers.parse_health_query(result.stdout, fields), None
+        gpus = gpu_parsers.parse_health_query(result.stdout, fields)
     except ValueError as exc:
         raise CouldNotCheck(
             f"The answer of nvidia-smi is in a form this check does not know: {exc}.",
             "Run the query by hand; a driver update may have changed the output, which gpu_parsers.py must then follow.",
         ) from None
+    not_reported = dict.fromkeys(map(field_key, unknown))
+    return [{**not_reported, **gpu} for gpu in gpus], None, unknown
+
+
+def unknown_field_checks(unknown: Sequence[str]) -> dict[str, str]:
+    """{check: why it is skipped} for each check none of whose fields the driver knows."""
+    by_check: dict[str, list[str]] = {}
+    for field in gpu_parsers.HEALTH_FIELDS:
+        if field not in REQUIRED_FIELDS:
+            by_check.setdefault(FIELD_CHECKS[field.split(".")[0]], []).append(field)
+    known = {field_key(field) for field in gpu_parsers.HEALTH_FIELDS} - {field_key(field) for field in unknown}
+    return {
+        check: f"nvidia-smi does not know the fields {', '.join(fields)} (its driver predates them): not judged"
+        for check, fields in by_check.items()
+        if not {field_key(field) for field in fields} & known
+    }
 
 
 def read_nvlink(nvidia_smi: str, timeout: float) -> tuple[dict[int, dict[str, Any]] | None, str | None]:
@@ -888,6 +944,7 @@ def skipped_checks(observed: dict[str, Any]) -> dict[str, str]:
         "pci": observed.get("pci_note"),
         "fabric_manager": (observed.get("fabric_manager") or {}).get("note"),
         "dcgm": (observed.get("dcgm") or {}).get("note"),
+        **unknown_field_checks(observed.get("unknown_fields") or ()),
     }
     return {check: note for check, note in notes.items() if note}
 
@@ -910,7 +967,8 @@ def judge(observed: dict[str, Any], baseline: dict[str, Any], catalog: dict[str,
             clocks=judge_clocks(gpus),
             persistence=judge_persistence(gpus),
         )
-    return {check: results[check] for check in CHECKS if check in results}
+    skipped = unknown_field_checks(observed.get("unknown_fields") or ())
+    return {check: results[check] for check in CHECKS if check in results and check not in skipped}
 
 
 def read_fabric_manager(systemctl: str, timeout: float) -> dict[str, str | None]:
@@ -929,7 +987,7 @@ def read_fabric_manager(systemctl: str, timeout: float) -> dict[str, str | None]
 def observe_devices(args: argparse.Namespace, fabric_expected: bool, stacks: dict[str, Any]) -> dict[str, Any]:
     """nvidia-smi, the loaded module, the PCI bus, the fabric manager (asked only when expected) and
     the stacks' venvs (``{name: {"venv", "lock"}}``): what both the check and --record-baseline read."""
-    gpus, mismatch = query_gpus(args.nvidia_smi, args.timeout)
+    gpus, mismatch, unknown = query_gpus(args.nvidia_smi, args.timeout)
     nvlink, nvlink_error = read_nvlink(args.nvidia_smi, args.timeout) if gpus else (None, None)
     listed = [gpu["pci_bus_id"] for gpu in gpus or []]
     pci, pci_note = checks.pci_gpus(args.pci_devices, listed) if gpus is not None else (None, None)
@@ -937,6 +995,7 @@ def observe_devices(args: argparse.Namespace, fabric_expected: bool, stacks: dic
     return {
         "gpus": gpus,
         "mismatch": mismatch,
+        "unknown_fields": unknown,
         "nvlink": nvlink,
         "nvlink_error": nvlink_error,
         "module_version": read_module_version(args.proc_version),
