@@ -23,7 +23,7 @@ EE_TAG ?= gpu-fleet-tf-hosts-ee:$(VERSION)
 # The execution environment's base image (execution-environment.yml's, unless given).
 EE_BASE_IMAGE ?=
 
-.PHONY: help deps venv image standins sandbox demo demo-clean wheelhouse check lint unit sanity docs molecule integration test bench locks ee-context ee changelog clean
+.PHONY: help deps venv image standins sandbox demo demo-clean wheelhouse check lint unit sanity docs molecule integration test bench locks ee-context ee changelog release clean
 
 help:
 	@echo "make demo        provision and verify the sandbox host, print the fleet report"
@@ -39,6 +39,7 @@ help:
 	@echo "make locks       the venvs' dependency locks in data/locks/ from data/locks/targets.yml (uv, PyPI)"
 	@echo "make docs        the collection's docs site, as Ansible's docs site renders it, in build/docs/build/html"
 	@echo "make changelog   at release: the fragments into changelogs/changelog.yaml and CHANGELOG.md"
+	@echo "make release REPOSITORY=https://...  the tarball to publish (build/release), checked by Galaxy's importer"
 	@echo "make ee-context  the execution environment's build context (ansible-builder create)"
 	@echo "make ee          the AWX/Automation Platform execution environment image (needs podman)"
 	@echo "make clean       remove build outputs, reports, Ansible's local state and the test hosts' snapshots"
@@ -150,6 +151,14 @@ locks: venv
 # changelogs/changelog.yaml and CHANGELOG.md is written again from it (docs/releasing.md).
 changelog: venv
 	$(BIN)/antsibull-changelog release
+
+# At release, after `make changelog` and `make test`: the tarball to publish, in build/release, built from
+# a copy of the clone whose galaxy.yml gets the public repository's address (galaxy.yml names none
+# yet; Galaxy's importer requires one) and checked by Galaxy's own importer, galaxy-importer
+# (tools/release.py; docs/releasing.md). REPOSITORY may also come from the environment.
+REPOSITORY ?=
+release: venv
+	$(BIN)/python tools/release.py build $(if $(REPOSITORY),--repository "$(REPOSITORY)") --out build/release
 
 # The collection tarball that execution-environment.yml installs, then the build context only.
 ee-context: venv

@@ -22,6 +22,12 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "fixtures" / "nvidia"))
+
+import retry
+from nvidia_files import locked
+
 REQUIREMENTS = ROOT / "tests" / "requirements"
 INSTALLS = Path(os.environ.get("GPU_TEST_ANSIBLE_CORES", ROOT / "build" / "ansible-core"))
 # Release line -> the CPython X.Y it runs on in the tests.
@@ -41,16 +47,18 @@ def install(line: str) -> Path:
     digest = hashlib.sha256(lock.read_bytes()).hexdigest()
     folder = INSTALLS / line
     stamp = folder / ".lock-sha256"
-    if stamp.is_file() and stamp.read_text().strip() == digest:
-        return folder
-    subprocess.run(["rm", "-rf", str(folder)], check=True)
-    subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--require-hashes", "-r", str(lock),
-         "--target", str(folder), "--only-binary=:all:", "--implementation=cp", f"--python-version={PYTHON[line]}",
-         "--platform=manylinux2014_x86_64", "--platform=manylinux_2_17_x86_64", "--platform=linux_x86_64"],
-        check=True,
-    )  # fmt: skip
-    stamp.write_text(digest + "\n")
+    # Two parts of one run may want the same line at once (sanity:newest and integration:debian13):
+    # the second waits for the first's install instead of removing it midway.
+    with locked(INSTALLS, f"install-{line}"):
+        if stamp.is_file() and stamp.read_text().strip() == digest:
+            return folder
+        subprocess.run(["rm", "-rf", str(folder)], check=True)
+        retry.run(
+            [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--require-hashes", "-r", str(lock),
+             "--target", str(folder), "--only-binary=:all:", "--implementation=cp", f"--python-version={PYTHON[line]}",
+             "--platform=manylinux2014_x86_64", "--platform=manylinux_2_17_x86_64", "--platform=linux_x86_64"],
+        )  # fmt: skip
+        stamp.write_text(digest + "\n")
     return folder
 
 
@@ -67,6 +75,6 @@ if __name__ == "__main__":
         sys.exit(2)
     try:
         print(install(sys.argv[1]))
-    except subprocess.CalledProcessError as exc:
-        print(f"ansible_cores: pip install failed (rc {exc.returncode})", file=sys.stderr)
+    except (subprocess.CalledProcessError, retry.RetryError) as exc:
+        print(f"ansible_cores: the install failed: {exc}", file=sys.stderr)
         sys.exit(1)

@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "tests" / "fixtures" / "nvidia"))
 
+import retry
 from nvidia_files import cache_dir, locked
 
 WHEELHOUSE = Path(os.environ.get("GPU_TEST_WHEELHOUSE", cache_dir() / "wheelhouse"))
@@ -73,7 +74,7 @@ def build(dest: Path = WHEELHOUSE, link: Path = CLONE_LINK) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
     with locked(dest, "download"):
         for lock in LOCKS:
-            subprocess.run(download_command(lock, dest), check=True)
+            retry.run(download_command(lock, dest), what=f"pip download of {lock.name}'s wheels")
     link_clone(dest, link)
     return dest
 
@@ -101,6 +102,6 @@ def container_options() -> list[str]:
 if __name__ == "__main__":
     try:
         print(build())
-    except subprocess.CalledProcessError as exc:
-        print(f"wheelhouse: pip download failed (rc {exc.returncode})", file=sys.stderr)
+    except retry.RetryError as exc:
+        print(f"wheelhouse: {exc}", file=sys.stderr)
         sys.exit(1)

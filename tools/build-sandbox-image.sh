@@ -36,6 +36,13 @@ label=io.gpu-fleet.sandbox-inputs
 
 inputs="$(cat "$0" "$fixtures/pci_sysfs.py" "$fixtures/lspci.py" "$fixtures/gpus/2xA100-SXM4-80GB.json" \
   | { cat; echo "$suite"; } | sha256sum | cut -c1-16)"
+# One build of an image per machine at a time: clones on the machine share podman's storage, so a
+# second build waits for the first (a lock file in the machine's test cache, as tests/snapshots.py's)
+# and then finds the image.
+locks="${GPU_TEST_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpu-fleet-tests}/images"
+mkdir -p "$locks"
+exec 9>"$locks/.lock-$(printf '%s' "$image" | tr -c 'A-Za-z0-9._-' '_')"
+flock 9
 if podman image exists "$image"; then
   present="$(podman image inspect --format "{{ index .Labels \"$label\" }}" "$image" 2>/dev/null || true)"
   if [ "$present" = "$inputs" ]; then

@@ -27,29 +27,18 @@ if [ "$(id -u)" -ne 0 ]; then
   exit 2
 fi
 # A mirror's passing failure gets two more tries; when apt gives up, its own message is shown.
-apt_retry() {
-  local try out
-  for try in 1 2 3; do
-    if out=$("$@" 2>&1); then
-      return 0
-    fi
-    echo "apt: \`$*\` failed (try $try of 3)" >&2
-    [ "$try" -lt 3 ] && sleep $((try * 10))
-  done
-  printf 'apt gave up; its last output:\n%s\n' "$out" >&2
-  return 1
-}
+. "$(dirname "$0")/retry.sh"
 echo "installing: ${need[*]} ${promtool[*]}"
 export DEBIAN_FRONTEND=noninteractive
-apt_retry apt-get update -qq
+retry apt-get update -qq
 if [ ${#need[@]} -gt 0 ]; then
-  apt_retry apt-get install -y -qq "${need[@]}"
+  retry apt-get install -y -qq "${need[@]}"
 fi
 if [ ${#promtool[@]} -gt 0 ]; then
   work=$(mktemp -d)
   trap 'rm -rf "$work"' EXIT
   # As root, apt downloads as its sandbox user _apt, which cannot write a folder of mktemp's (0700).
-  (cd "$work" && apt_retry apt-get download -qq -o APT::Sandbox::User=root prometheus)
+  (cd "$work" && retry apt-get download -qq -o APT::Sandbox::User=root prometheus)
   dpkg-deb -x "$work"/prometheus_*.deb "$work/root"
   install -m 0755 "$work/root/usr/bin/promtool" /usr/local/bin/promtool
   promtool --version | head -n 1

@@ -34,7 +34,8 @@ if [[ "${1:-}" == --core ]]; then
 fi
 python_version="$(python -c "import sys; sys.path.insert(0, 'tests'); import ansible_cores; print(ansible_cores.PYTHON['$core'])")"
 core_dir="$(python tests/ansible_cores.py "$core")"
-dist="$root/build/dist"
+# One folder per line: `sanity` and `sanity:newest` run side by side and each rebuilds its tarball.
+dist="$root/build/dist-$core"
 install_root="$root/build/sanity-$core"
 collection="$install_root/ansible_collections/gpu_fleet/tf_hosts"
 sanity_home="$root/build/sanity-home-$core"
@@ -81,17 +82,18 @@ else
   # The machine's CA bundle (TEST-HOST: HTTPS goes through a TLS-inspecting proxy) for pip in the
   # container; pip's download cache is this machine's. The host's network: behind podman's NAT, pip's
   # index lookups once failed with "Temporary failure in name resolution" while another part's
-  # containers set up their networks.
+  # containers set up their networks. apt-get runs under tools/retry.sh's `retry`: a mirror's passing
+  # failure is tried again, and apt's own message is shown when it gives up.
   mkdir -p "${XDG_CACHE_HOME:-$HOME/.cache}/pip"
   podman run --rm --runtime=runc --network host --ulimit nofile=1024:1024 --ulimit nproc=4096:4096 \
     -v "$install_root:$install_root" -v "$sanity_home:/root/.ansible" -v "$core_dir:/opt/ansible-core:ro" \
-    -v "$root/tools/sanity_get_pip.py:/opt/sanity_get_pip.py:ro" \
+    -v "$root/tools/sanity_get_pip.py:/opt/sanity_get_pip.py:ro" -v "$root/tools/retry.sh:/opt/retry.sh:ro" \
     -v "${XDG_CACHE_HOME:-$HOME/.cache}/pip:/root/.cache/pip" \
     -v /etc/ssl/certs/ca-certificates.crt:/etc/ssl/certs/ca-certificates.crt:ro \
     -e PIP_CERT=/etc/ssl/certs/ca-certificates.crt -e SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt \
     -e PYTHONPATH=/opt/ansible-core -w "$collection" "$debian13_image" \
-    bash -c 'apt-get -qq update >/dev/null && apt-get -qq install -y python3-venv >/dev/null \
-      && python3 /opt/sanity_get_pip.py "$0" && python3 -m ansible test sanity "$@"' \
+    bash -c 'export DEBIAN_FRONTEND=noninteractive && . /opt/retry.sh && retry apt-get -qq update \
+      && retry apt-get -qq install -y python3-venv && python3 /opt/sanity_get_pip.py "$0" && python3 -m ansible test sanity "$@"' \
     "$python_version" "${test_args[@]}" || status=$?
 fi
 echo "sanity: finished in $((SECONDS - started)) s (rc $status)"

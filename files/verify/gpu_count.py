@@ -34,7 +34,9 @@ Exit codes: 0 the count matches, 1 it does not (or nvidia-smi failed), 2 usage e
 from __future__ import annotations
 
 import argparse
+import os
 import re
+import shutil
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -76,6 +78,9 @@ NVIDIA_SMI_EXIT_MEANINGS = {
     255: "other error or internal driver error",
 }
 
+# The PCI listing the fixes suggest, and what follows it where the host has none (pciutils ships lspci: lspci(8)).
+LSPCI = "`lspci -d 10de:`"
+LSPCI_MISSING = " (install pciutils first: this host has no lspci)"
 FIX_MISSING = (
     "check `nvidia-smi -L` and `lspci -d 10de:`; a GPU on the bus but missing from nvidia-smi has "
     "fallen off the bus (see `dmesg | grep -i xid`): reseat/reset it or lower "
@@ -167,9 +172,14 @@ def failure_problem(
     ``module_version`` is the loaded kernel module's version when known (for the mismatch case);
     ``container`` puts the container's steps first in exit 9's fix."""
     if result.error == "not-found":
+        where = (
+            f"{nvidia_smi} does not exist or is not executable"
+            if "/" in nvidia_smi
+            else f"{nvidia_smi} is not installed (not on PATH ({os.environ.get('PATH', '')}))"
+        )
         return problem(
             "gpu_count",
-            f"nvidia-smi not found or not executable at {nvidia_smi!r}; no NVIDIA driver userspace on this host.",
+            f"{where}; no NVIDIA driver user space on this host.",
             "install the driver (nvidia_driver role) or pass --nvidia-smi with the right path",
         )
     if result.error == "timeout":
@@ -254,6 +264,7 @@ def evaluate(
     pci_bus_ids: Sequence[str] | None = None,
     module_version: str | None = None,
     container: bool = False,
+    lspci_missing: bool = False,
 ) -> dict[str, Any]:
     """Turn nvidia-smi's answer into the result document (pure: no I/O).
 
@@ -267,7 +278,24 @@ def evaluate(
             None when unknown; a value that differs from nvidia-smi's driver version is a problem.
         container: whether this runs in a container (``gpu_parsers.in_container``): the
             container's steps come first in the fix for exit 9.
+        lspci_missing: the host has no lspci; a fix that suggests it says to install pciutils.
     """
+    doc = _evaluate(expected, result, nvidia_smi, pci_bus_ids, module_version, container)
+    if lspci_missing:
+        for found in doc["problems"]:
+            found["fix"] = found["fix"].replace(LSPCI, LSPCI + LSPCI_MISSING)
+    return doc
+
+
+def _evaluate(
+    expected: int,
+    result: CommandResult,
+    nvidia_smi: str,
+    pci_bus_ids: Sequence[str] | None,
+    module_version: str | None,
+    container: bool,
+) -> dict[str, Any]:
+    """:func:`evaluate` before its fixes are fitted to a host without lspci."""
     doc = _new_doc(expected, pci_bus_ids, module_version)
     no_devices = "no devices were found" in (result.stdout + result.stderr).lower()
     if expected == 0 and (no_devices or result.rc == 6):
@@ -336,7 +364,8 @@ def check_gpus(
     """
     result = run_command(build_command(nvidia_smi), timeout)
     pci_bus_ids = lspci_bus_ids(lspci, timeout)
-    return evaluate(expected, result, nvidia_smi, pci_bus_ids, loaded_module_version(), in_container())
+    missing = lspci is not None and pci_bus_ids is None and shutil.which(lspci) is None
+    return evaluate(expected, result, nvidia_smi, pci_bus_ids, loaded_module_version(), in_container(), missing)
 
 
 def busy_gpus_text(text: str, devices: Sequence[dict[str, Any]]) -> str | None:

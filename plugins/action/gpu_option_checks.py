@@ -7,20 +7,31 @@ Each role named in ``roles`` has its options checked with the values the host ha
 the defaults the role's ``meta/argument_specs.yml`` documents, templated): against that argument specification
 (types, choices, required), as Ansible checks a role's inputs when the role starts, and, for the options a rule
 of the role reads (gpu_verify's and gpu_health's ``<role>_option_problems``, cuda_toolkit's installer time
-limit), against that rule instead. Every problem of every role is named at once. It runs on the controller
-only. Documentation: plugins/modules/gpu_option_checks.py.
+limit), against that rule instead. A variable that starts with the name of one of the collection's roles and is no
+option of that role (a misspelling, which Ansible would ignore) is named too, with the closest option's name. Every
+problem of every role is named at once. It runs on the controller only. Documentation:
+plugins/modules/gpu_option_checks.py.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import difflib
+import functools
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from ansible.errors import AnsibleLookupError
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
+from ansible.module_utils.common.yaml import yaml_load
 from ansible.plugins.action import ActionBase
 from ansible_collections.gpu_fleet.tf_hosts.plugins.filter import gpu_cuda, gpu_health, gpu_verify
-from ansible_collections.gpu_fleet.tf_hosts.plugins.lookup.collection_path import documented_options
+from ansible_collections.gpu_fleet.tf_hosts.plugins.lookup.collection_path import (
+    collection_file,
+    documented_options,
+    option_names,
+    role_names,
+    role_of,
+)
 from ansible_collections.gpu_fleet.tf_hosts.plugins.plugin_utils.role_input import role_input
 
 # The roles of site.yml's phases after preflight, in their order: preflight checks their options.
@@ -34,6 +45,9 @@ RULES: dict[str, tuple[tuple[str, ...], Callable[[dict[str, Any]], list[str]]]] 
 # Files a role writes on the host, whose paths its tasks take as they are: absolute, or the host is changed before
 # the role finds out (gpu_host_probe refuses a relative path, late in the run).
 HOST_PATHS = {"gpu_env": ("gpu_env_profile_path", "gpu_env_ld_conf_path", "gpu_env_sudoers_path")}
+# The names that start with a role's name, are no option of it, and may still be among a host's variables (the facts
+# the roles publish, the fleet report's notes, ...): never taken for a misspelt option.
+RUN_VARIABLES = "data/run_variables.yml"
 
 
 def argument_problems(args: dict[str, Any]) -> list[str]:
@@ -93,6 +107,48 @@ def role_problems(role: str, variables: dict[str, Any], template: Callable[[Any]
     return problems + host_path_problems(role, values, specs)
 
 
+def owner(name: str) -> str | None:
+    """The role whose name, then ``_``, starts ``name`` (the longest such); none for another name."""
+    try:
+        return role_of(name)
+    except AnsibleLookupError:
+        return None
+
+
+def unknown_variable(name: str, role: str, roles: list[str]) -> str:
+    """The message for ``name``, which starts with ``role``'s name and is no option of it: the closest option of
+    that role (else of any role) as the likely meaning."""
+    own = sorted(option_names(role))
+    close = difflib.get_close_matches(name, own, n=1) or difflib.get_close_matches(
+        name, sorted(set().union(*(option_names(other) for other in roles))), n=1
+    )
+    meaning = f" (did you mean {close[0]}?)" if close else f" (its options: roles/{role}/README.md)"
+    return (
+        f"{name} is no option of the role {role}, so it would change nothing{meaning}. Correct its name, or remove "
+        "it from the inventory or the -e command line."
+    )
+
+
+@functools.lru_cache(maxsize=1)
+def run_variables() -> frozenset[str]:
+    """The names in RUN_VARIABLES."""
+    with open(collection_file(RUN_VARIABLES), encoding="utf-8") as handle:
+        return frozenset(yaml_load(handle)["run_variables"])
+
+
+def unknown_variables(names: Iterable[str]) -> list[str]:
+    """A message for each of ``names`` (a host's variables) that starts with a role's name and is neither an option
+    of that role nor a name the run itself sets (RUN_VARIABLES); internal names (``__<role>_``) are left alone."""
+    roles = role_names()
+    known = run_variables()
+    problems = []
+    for name in sorted(name for name in names if isinstance(name, str) and name not in known):
+        role = owner(name)
+        if role is not None and name not in option_names(role):
+            problems.append(unknown_variable(name, role, roles))
+    return problems
+
+
 class ActionModule(ActionBase):
     """Fails naming every option that breaks its specification or rule; changes nothing."""
 
@@ -105,6 +161,7 @@ class ActionModule(ActionBase):
         problems = argument_problems(self._task.args)
         if problems:
             return dict(result, failed=True, msg=" ".join(problems))
+        problems += unknown_variables(task_vars)
         for role in self._task.args["roles"]:
             problems += role_problems(role, task_vars, self._templar.template)
         if problems:

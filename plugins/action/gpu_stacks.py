@@ -231,9 +231,9 @@ class ActionModule(ActionBase):
         result.update(changed=False, resolution=resolved, warnings=warnings)
         if not resolved["ok"]:
             # Only the causes and fixes: a failed task's whole result is printed, and the GPU facts and the
-            # resolution would bury them.
+            # resolution would bury them. The message reads as sentences; ``problems`` keeps one item per problem.
             kept = {key: value for key, value in result.items() if key not in ("ansible_facts", "resolution")}
-            return dict(kept, failed=True, msg=resolved["messages"])
+            return dict(kept, failed=True, problems=resolved["messages"], msg=" ".join(resolved["messages"]))
         facts = model(resolved, current)
         said = f"{len(resolved['stacks'])} stacks resolved; the default pointers serve {facts['gpu_preflight_resolved_default']['name']}"
         return dict(result, model=facts, msg=said)

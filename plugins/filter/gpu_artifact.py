@@ -29,6 +29,7 @@ from typing import Any
 
 from ansible.module_utils.parsing.convert_bool import boolean
 from ansible_collections.gpu_fleet.tf_hosts.plugins.filter.gpu_proxy import masked, proxy_for
+from ansible_collections.gpu_fleet.tf_hosts.plugins.lookup.collection_path import COLLECTION_ROOT
 from ansible_collections.gpu_fleet.tf_hosts.plugins.plugin_utils.message import Message
 
 # (file name suffix, magic bytes, what the file should be)
@@ -65,6 +66,14 @@ MESSAGES: dict[str, Message] = {
         "{file} has sha256 {checksum}, but {manifest} pins {sha256}.",
         "The file is corrupt or not the one pinned: download it again and compare, or correct the pin in "
         "{manifest} if you verified the new file.",
+    ),
+    # The pin came from the collection's own manifest, which an upgrade replaces: a pin of the user's own goes
+    # into an overlay, whose later entry wins (gpu_stacks merges the overlays last).
+    "checksum_builtin": Message(
+        "{file} has sha256 {checksum}, but {manifest} pins {sha256}.",
+        "The file is corrupt or not the one pinned: download it again and compare. If you verified the new file, "
+        "pin it in an overlay manifest of your own (an entry for {file} with its sha256, in a file listed in "
+        "gpu_preflight_manifest_overlays): {manifest} is the collection's own, and an upgrade replaces it.",
     ),
 }
 SUFFIX = " Nothing was installed."
@@ -133,6 +142,12 @@ def gpu_artifacts_checked(needed: list[dict], found: list[dict]) -> list[dict[st
     return [{"item": record, "stat": stat} for record, stat in zip(needed, found)]
 
 
+def collection_manifest(path: str) -> bool:
+    """Whether the manifest at ``path`` is one of the collection's own (its data/ folder), not the user's."""
+    data = os.path.join(os.path.realpath(COLLECTION_ROOT), "data")
+    return os.path.commonpath([os.path.realpath(path), data]) == data
+
+
 def _url(record: dict, mirror: str, masked_userinfo: bool = True) -> str:
     url = f"{mirror.rstrip('/')}/{record['file']}" if mirror else (record.get("url") or "")
     return USERINFO.sub("", url) if masked_userinfo else url
@@ -181,7 +196,7 @@ def artifact_cause(checked: dict, outcome: dict, settings: dict) -> str:
     if not stat.get("exists"):
         origin = f" (origin: {record['url']})" if record.get("url") else ""
         return MESSAGES["missing"].text(origin=origin, **fields)
-    return MESSAGES["checksum"].text(**fields)
+    return MESSAGES["checksum_builtin" if collection_manifest(fields["manifest"]) else "checksum"].text(**fields)
 
 
 def gpu_artifacts_problems(checked: list[dict], fetches: list[dict], settings: dict) -> dict[str, str]:

@@ -48,6 +48,8 @@ from ansible.module_utils.parsing.convert_bool import boolean
 from ansible_collections.gpu_fleet.tf_hosts.plugins.module_utils.gpu_parsers import parse_compute_apps
 
 MIB = 1024 * 1024
+# Said after a command a fix suggests where the host has no lspci (pciutils ships it: lspci(8)).
+LSPCI_MISSING = " (install pciutils first: this host has no lspci)"
 HOST_CHECKS = (
     "root",
     "os",
@@ -60,6 +62,7 @@ HOST_CHECKS = (
     "reboot_local",
     "gpus_busy",
     "installer_running",
+    "pci_devices",
     "gpu_count",
     "kernel_module",
     "mixed_models",
@@ -169,11 +172,17 @@ MESSAGES: dict[str, tuple[str, str]] = {
         "Drain the host (stop those jobs) and rerun. To change the driver under them anyway (they lose their "
         "GPUs), skip this check (gpu_preflight_skip_checks: [gpus_busy]) and set nvidia_driver_allow_busy_gpus: true.",
     ),
+    "pci_devices": (
+        "{problem} (gpu_preflight_pci_devices_path): the GPU count check reads the GPUs on the PCI bus there, "
+        "before any driver can list them{instead}.",
+        "Set gpu_preflight_pci_devices_path to /sys/bus/pci/devices (the default; leave it out of the inventory) or "
+        "to a folder of the same layout (<bus id>/vendor, device, class).",
+    ),
     "gpu_count": (
         "{expected} GPUs expected, {seen} seen: {where}; bus IDs seen: {bus_ids}.",
-        "Reseat or power the missing GPUs and check that the BIOS enables their slots (`lspci -nn -d 10de:` lists what "
-        "the PCI bus shows), or correct the expected count in the inventory (gpu_verify_expected_gpu_count or "
-        "gpu_preflight_expected_gpu_count) if this host has {seen}.",
+        "Reseat or power the missing GPUs and check that the BIOS enables their slots (`lspci -nn -d 10de:`{lspci} "
+        "lists what the PCI bus shows), or correct the expected count in the inventory (gpu_verify_expected_gpu_count "
+        "or gpu_preflight_expected_gpu_count) if this host has {seen}.",
     ),
     "mixed_models": (
         "Mixed GPU models: {models}; MirroredStrategy runs at the pace of the slowest.",
@@ -314,13 +323,27 @@ def _gpus_busy(facts: dict) -> list[dict[str, Any]]:
     return [{"listed": ", ".join(f"{a.get('process_name')} (pid {a.get('pid')})" for a in apps)}]
 
 
+def _pci_unread(gpus: dict) -> str:
+    """Why neither the PCI folder nor lspci listed the GPUs, naming the folder, its variable and the tool."""
+    reasons = (
+        [f"{gpus['pci_devices_problem']} (gpu_preflight_pci_devices_path)"] if gpus.get("pci_devices_problem") else []
+    )
+    if "lspci_path" in gpus:  # facts of an older module do not say
+        reasons.append("lspci failed" if gpus["lspci_path"] else "lspci is not installed (pciutils)")
+    return "the PCI bus could not be read" + (f": {' and '.join(reasons)}" if reasons else "")
+
+
 def _gpus_seen(gpus: dict) -> tuple[int, str]:
-    """How many GPUs the host shows (the larger of nvidia-smi's and the PCI bus's count) and who saw what."""
+    """How many GPUs the host shows (the larger of nvidia-smi's and the PCI bus's count) and who saw what, each
+    source named with why it gave nothing (not installed, the folder missing, ...) where it did not."""
     smi = int(gpus.get("count") or 0)
     pci = gpus.get("pci_count")
-    by_smi = f"nvidia-smi lists {smi}" if gpus.get("source") == "nvidia-smi" else "nvidia-smi gave no list"
+    if gpus.get("source") == "nvidia-smi":
+        by_smi = f"nvidia-smi lists {smi}"
+    else:
+        by_smi = gpus.get("nvidia_smi_problem") or "nvidia-smi gave no list"
     if pci is None:
-        return smi, f"{by_smi}, the PCI bus could not be read"
+        return smi, f"{by_smi}; {_pci_unread(gpus)}"
     if gpus.get("pci_source") == "sysfs":
         folder = gpus.get("pci_devices_path") or "sysfs"
         return max(smi, int(pci)), f"{by_smi}, {folder} (gpu_preflight_pci_devices_path) lists {pci} NVIDIA GPUs"
@@ -343,7 +366,18 @@ def _gpu_count(facts: dict) -> list[dict[str, Any]]:
     if seen >= wanted:
         return []
     bus_ids = sorted({g["pci_bus_id"] for g in (gpus.get("gpus") or []) + (gpus.get("pci_gpus") or [])})
-    return [{"expected": wanted, "seen": seen, "where": where, "bus_ids": ", ".join(bus_ids) or "none"}]
+    # Facts of an older module have no lspci_path: suggest lspci as before.
+    lspci = "" if gpus.get("lspci_path", "lspci") else LSPCI_MISSING
+    return [{"expected": wanted, "seen": seen, "where": where, "bus_ids": ", ".join(bus_ids) or "none", "lspci": lspci}]
+
+
+def _pci_devices(facts: dict) -> list[dict[str, Any]]:
+    """The PCI folder (gpu_preflight_pci_devices_path) gave no GPU list: it does not exist, cannot be read, ..."""
+    gpus = facts.get("gpus") or {}
+    if not gpus.get("pci_devices_problem"):
+        return []
+    instead = "; lspci listed them instead" if gpus.get("pci_source") == "lspci" else ""
+    return [{"problem": gpus["pci_devices_problem"], "instead": instead}]
 
 
 def _kernel_module(facts: dict) -> list[dict[str, Any]]:
@@ -421,6 +455,7 @@ CHECKS = (
     ("reboot_local", _reboot_local, "kernel"),
     ("installer_running", _installer_running, "host"),
     ("gpus_busy", _gpus_busy, "host"),
+    ("pci_devices", _pci_devices, "host"),
     ("gpu_count", _gpu_count, "host"),
     ("kernel_module", _kernel_module, "hardware"),
     ("mixed_models", _mixed_models, "hardware"),

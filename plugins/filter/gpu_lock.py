@@ -101,15 +101,17 @@ def gpu_lock_drift(lock_text: str, installed: dict[str, str] | None) -> dict[str
     return lock_drift(lock_text, installed or {})
 
 
-def gpu_lock_wheelhouse(lock_text: str, wheels: list[dict[str, Any]] | None, complete: bool = False) -> list[str]:
+def gpu_lock_wheelhouse(
+    lock_text: str, wheels: list[dict[str, Any]] | None, complete: bool = False, python: str = "", arch: str = ""
+) -> list[str]:
     """``{{ lock_text | gpu_fleet.tf_hosts.gpu_lock_wheelhouse(query('gpu_fleet.tf_hosts.artifact_sha256', ...)) }}``:
     see ``wheelhouse_problems``; ``wheels`` are the lookup's ``{path, checksum}`` entries. With
-    ``complete``, each pin that no wheel is the locked file of follows (``wheelhouse_missing``): an
-    empty list then means the folder holds the whole lock."""
+    ``complete``, each pin that no wheel is the locked file of (for CPython ``python`` on ``arch`` where
+    given) follows (``wheelhouse_missing``): an empty list then means the folder holds the whole lock."""
     found = {posixpath.basename(w["path"]): w.get("checksum") or "" for w in wheels or []}
     problems = wheelhouse_problems(lock_text or "", found)
     if complete:
-        problems += [f"no locked wheel of {pin}" for pin in wheelhouse_missing(lock_text or "", found)]
+        problems += [f"no locked wheel of {pin}" for pin in wheelhouse_missing(lock_text or "", found, python, arch)]
     return problems
 
 

@@ -230,22 +230,29 @@ def _no_results(host: str, facts: Any, alive_hosts: list[str]) -> dict:
     """The document of a host without ``gpu_verify_results``.
 
     A host no longer in the play (``ansible_play_hosts``) was unreachable or failed a task before
-    verification: ``{"ok": false, "unreachable": true, "error", "failed", "connection"}``, ``error``
-    being the host's ``gpu_verify_unreachable_reason`` (Ansible's unreachable message, kept by the
-    callback plugin gpu_fleet.tf_hosts.host_failures) or None, ``failed`` its
+    verification: ``{"ok": false, "unreachable", "error", "failed", "failed_check", "connection"}``,
+    ``error`` being the host's ``gpu_verify_unreachable_reason`` (Ansible's unreachable message, kept by
+    the callback plugin gpu_fleet.tf_hosts.host_failures) or None, ``failed`` its
     ``gpu_verify_failed_reason`` (the failed task and its message, same callback) or None,
+    ``failed_check`` its ``gpu_verify_failed_check`` (``preflight``, or the failed task's role) or None,
     ``connection`` its ``ansible_connection``; fleet_report.py words the cause and the fix for that
-    connection.  A host still in the play did not run the verification (e.g. under --check before
+    connection.  ``unreachable`` is true only for a host whose last message was the connection's, or
+    when the run kept neither message (the callback not enabled): a host stopped by a failed task, a
+    preflight check among them, is failed, never unreachable.  A host still in the play did not run
+    the verification (e.g. under --check before
     the scripts were ever installed).  Either carries ``health`` (:func:`compact_health`): a host
     that gpu_health failed (``gpu_health_fail_on_findings``) left the play with its report.
     """
     health = compact_health(facts.get("gpu_health_report"))
     if host not in alive_hosts:
+        error = facts.get("gpu_verify_unreachable_reason") or None
+        failed = facts.get("gpu_verify_failed_reason") or None
         return {
             "ok": False,
-            "unreachable": True,
-            "error": facts.get("gpu_verify_unreachable_reason") or None,
-            "failed": facts.get("gpu_verify_failed_reason") or None,
+            "unreachable": bool(error) or not failed,
+            "error": error,
+            "failed": failed,
+            "failed_check": (facts.get("gpu_verify_failed_check") or None) if failed else None,
             "connection": facts.get("ansible_connection") or DEFAULT_CONNECTION,
             "health": health,
         }

@@ -48,6 +48,8 @@ DEFAULT_VENV_ROOT = "/opt/tensorflow"
 CUDA_ROOT_PREFIX = "/usr/local/cuda-"
 CUDA_LINK = "/usr/local/cuda"  # the default stack's link to its toolkit tree (cuda_toolkit role)
 HOST_WIDE = "-"  # the ``stack`` of a problem that belongs to the host, not to one stack
+# A sha256 as NVIDIA and sha256sum write it (FIPS 180-4, section 6.2: a 256-bit digest, 64 hexadecimal digits).
+SHA256 = re.compile(r"[0-9a-fA-F]{64}")
 
 # A stack name becomes part of file names, config files and JUnit class names: one safe word.
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -152,8 +154,14 @@ MESSAGES: dict[str, Message] = {
     ),
     "tensorflow_unknown": Message(
         "tensorflow",
-        "TensorFlow {pin} is not in the version matrix.",
+        "TensorFlow {pin} is not in the version matrix, whose newest release is {newest}.",
         "Pin one of TensorFlow {known}{quoted}, or add a row with its sources to data/version_matrix.yml.",
+    ),
+    "tensorflow_release_unknown": Message(
+        "tensorflow",
+        "TensorFlow {pin} is not in the version matrix: the newest {series} release it knows is {latest}.",
+        'Pin "{latest}" (or "{series}", which takes {latest}). A newer release needs its row\'s latest raised in the '
+        "version matrix (gpu_preflight_matrix_file) and its dependency lock made (make locks) first.",
     ),
     "tensorflow_known_bad": Message("tensorflow", "TensorFlow {version}: {note}", ""),
     "python_unreadable": Message(
@@ -241,6 +249,12 @@ MESSAGES: dict[str, Message] = {
         "Add the sha256 of the file you downloaded to an overlay manifest (gpu_preflight_manifest_overlays); "
         "unpinned files are never installed.",
     ),
+    "sha256_not_a_digest": Message(
+        "",
+        "{file} has {value} as its sha256 in {manifest}, not a sha256 (64 hexadecimal digits).",
+        "Put the sha256 of the file you downloaded from NVIDIA and checked (`sha256sum {file}` prints it) in its "
+        "place there; unpinned files are never installed.",
+    ),
     # All stacks of a host (resolve_stacks).
     "state_invalid": Message(
         "stacks",
@@ -318,7 +332,7 @@ MESSAGES: dict[str, Message] = {
     ),
     "default_unknown": Message(
         "stacks",
-        "The default stack {default!r} is not one of {names}.",
+        "The default stack {default!r} is not one of the stacks pinned ({names}).",
         "Set gpu_preflight_default_stack to one of the stack names.",
     ),
     "driver_pin_invalid": Message(
@@ -375,9 +389,18 @@ def _unknown_tensorflow(stack: str, tf_pin: str, matrix: dict) -> Problem:
         if padded in matrix["tensorflow"]
         else ""
     )
-    return _problem(
-        stack, "tensorflow_unknown", pin=tf_pin, known=_range_text(list(matrix["tensorflow"])), quoted=quoted
-    )
+    newest = max((str(row["latest"]) for row in matrix["tensorflow"].values()), key=_v)
+    known = _range_text(list(matrix["tensorflow"]))
+    return _problem(stack, "tensorflow_unknown", pin=tf_pin, known=known, quoted=quoted, newest=newest)
+
+
+def _check_tensorflow_release(stack: str, tf_pin: str, tf_row: dict) -> list[Problem]:
+    """An exact TensorFlow pin above its series' newest release in the matrix: no such release is known (its
+    wheel, lock and tested configuration are not), so it is refused naming the newest one."""
+    latest = str(tf_row["latest"])
+    if tf_pin == _series(tf_pin) or _v(tf_pin) <= _v(latest):
+        return []
+    return [_problem(stack, "tensorflow_release_unknown", pin=tf_pin, series=_series(tf_pin), latest=latest)]
 
 
 def _problem(stack: str, message: str, /, *, check: str = "", **fields: Any) -> Problem:
@@ -736,13 +759,23 @@ def _check_compute_capability(name: str, tf: dict, tf_row: dict, gpus: list[dict
     return problems
 
 
+def _checksum_problem(name: str, check: str, record: dict) -> list[Problem]:
+    """A record without a sha256, or with something else in its place: a placeholder left unfilled (the example
+    overlay's ``replace-with-the-sha256-of-your-file``) or a digest cut short."""
+    fields = {"check": check, "file": record["file"], "manifest": record["manifest"]}
+    value = record["sha256"]
+    if not value:
+        return [_problem(name, "sha256_missing", **fields)]
+    text = str(value)
+    if SHA256.fullmatch(text):
+        return []
+    shown = f"{text!r} ({len(text)} characters)" if re.fullmatch(r"[0-9a-fA-F]+", text) else f"the placeholder {text!r}"
+    return [_problem(name, "sha256_not_a_digest", value=shown, **fields)]
+
+
 def _check_checksums(name: str, records: list[tuple[str, dict | None]]) -> list[Problem]:
     """Every artifact record (``(check, record)``; None for one not picked) must have a sha256."""
-    return [
-        _problem(name, "sha256_missing", check=check, file=record["file"], manifest=record["manifest"])
-        for check, record in records
-        if record and not record["sha256"]
-    ]
+    return [problem for check, record in records if record for problem in _checksum_problem(name, check, record)]
 
 
 def _stack_record(pin: dict, tf: dict, python: dict, cuda: dict | None, cudnn: dict | None) -> dict:
@@ -785,6 +818,9 @@ def resolve_stack(pin: dict, matrix: dict, manifest: dict, host: dict) -> dict:
             problems = [
                 _problem(name, "tensorflow_pin_invalid", pin=tf_pin, known=_range_text(list(matrix["tensorflow"])))
             ]
+        return {"ok": False, "stack": None, "problems": problems, "warnings": []}
+    problems = _check_tensorflow_release(name, tf_pin, tf_row)
+    if problems:
         return {"ok": False, "stack": None, "problems": problems, "warnings": []}
     tf = _tensorflow_record(pin, tf_row)
     python = {"path": pin.get("python") or host["default_python"], "version": str(host.get("python_version", ""))}
@@ -914,7 +950,7 @@ def _check_default(default: str, names: list[str], absent: list[str], current: s
         return [_problem(HOST_WIDE, "no_present_stack")]
     if not names or default in names:
         return []
-    return [_problem(default, "default_unknown", default=default, names=names)]
+    return [_problem(default, "default_unknown", default=default, names=", ".join(map(str, names)))]
 
 
 def _absent_paths(pin: dict, matrix: dict) -> tuple[str, str, list[Problem]]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
@@ -27,6 +28,7 @@ from ansible_collections.gpu_fleet.tf_hosts.plugins.filter.gpu_lock import (
     gpu_tf_lock_name,
     tf_lock_plan,
 )
+from ansible_collections.gpu_fleet.tf_hosts.plugins.module_utils.gpu_lock import python_series
 from ansible_collections.gpu_fleet.tf_hosts.plugins.plugin_utils.message import Message
 
 # The --check plan's line for a venv, by what would happen to it.
@@ -93,10 +95,16 @@ MESSAGES: dict[str, Message] = {
         "Set it to one of Jupyter's kernel folders, /usr/local/share/jupyter/kernels (the default) or "
         "/usr/share/jupyter/kernels.",
     ),
+    # pip download keeps a file of the folder whose hash the lock lists and fetches again one whose hash it does
+    # not ("Previously-downloaded file ... has bad hash. Re-downloading.", pip's operations/prepare.py): the
+    # one command mends both an altered and a missing wheel.
     "wheelhouse_not_locked": Message(
-        "{problems}. The wheelhouse {wheelhouse} (tf_venv_wheelhouse) does not hold the wheels of the lock {lock}:",
-        "put the locked files there (make the bundle again: playbooks/airgap_bundle.yml) or remove the others. "
-        "Nothing was pushed to the host.",
+        "The wheelhouse {wheelhouse} (tf_venv_wheelhouse) does not hold the wheels of the lock {lock} for CPython "
+        "{python} on {arch}: {problems}.",
+        "Download the lock's wheels into it from a machine that reaches your index: `{download}` (pip keeps each "
+        "locked file there and fetches the others again), or build the bundle again (playbooks/airgap_bundle.yml "
+        "with gpu_bundle_python_version={python}) and set tf_venv_wheelhouse to its wheels/ folder. Nothing was "
+        "pushed to the host.",
     ),
     "absent_env_unreadable": Message(
         "{venv}/{env_file} cannot be read ({said}), so whether {venv} is stack {name}'s venv is not known; nothing "
@@ -109,6 +117,14 @@ MESSAGES: dict[str, Message] = {
         "Remove it by hand if it is that stack's venv.",
     ),
 }
+# What a failed pip left on the host (tasks/pip.yml), said after its stop's text.
+PIP_AFTERMATH = {
+    "created": "The venv {venv} that this run made was removed, so no half-built venv stands where the stack's is "
+    "expected.",
+    "kept": "{venv} was there before this run and keeps what it held; its lock record is unchanged, so the next run "
+    "brings it to its lock again.",
+    "wheels": " The wheels pushed to {wheels} for it were removed.",
+}
 # An index URL pip can use: a scheme and a host ("pip install", option --index-url).
 INDEX_URL = re.compile(r"^https?://[^/\s]+")
 # A pip time limit: whole seconds, at least this many.
@@ -119,7 +135,7 @@ PLATFORMS = ("manylinux2014_", "manylinux_2_17_", "linux_")
 # The user:password@ of a URL (pip documentation, "Authentication").
 CREDENTIALS = re.compile(r"(?<=://)[^/@]*@")
 # How many of a list a message names before "and N more".
-NAMED = {"drift": 2, "wheel_gaps": 3}
+NAMED = {"drift": 2, "wheel_gaps": 3, "wheelhouse_gaps": 5}
 
 
 def _flag(value: Any) -> bool:
@@ -197,15 +213,27 @@ def gpu_venv_pip_files(venv: str, inputs: dict) -> list[dict[str, str]]:
 
 def gpu_venv_pip_problem(result: dict, inputs: dict) -> str:
     """Why pip failed, from its registered result, in one line: ``inputs`` ``what`` (the lock or the
-    requirement), ``venv``, ``wheelhouse``, ``from_controller``, ``locked``, ``wheel_dir`` and ``index_url``.
-    From a wheelhouse or the controller's wheels no index is contacted: what is missing there is the cause."""
+    requirement), ``venv``, ``wheelhouse``, ``from_controller``, ``locked``, ``wheel_dir``, ``index_url``,
+    ``created`` (the run made the venv) and ``wheels_removed``; what was removed after it follows
+    (:func:`_pip_aftermath`). From a wheelhouse or the controller's wheels no index is contacted: what is
+    missing there is the cause."""
     fields = dict(inputs, said=_last_line((result or {}).get("msg")))
     if inputs.get("wheelhouse"):
-        return MESSAGES["pip_wheelhouse"].text(**fields)
-    if _flag(inputs.get("from_controller")) and _flag(inputs.get("locked")):
-        return MESSAGES["pip_controller"].text(**fields)
-    masked = CREDENTIALS.sub("", str(inputs.get("index_url") or ""))
-    return MESSAGES["pip_index"].text(**dict(fields, index=masked or "PyPI"))
+        text = MESSAGES["pip_wheelhouse"].text(**fields)
+    elif _flag(inputs.get("from_controller")) and _flag(inputs.get("locked")):
+        text = MESSAGES["pip_controller"].text(**fields)
+    else:
+        masked = CREDENTIALS.sub("", str(inputs.get("index_url") or ""))
+        text = MESSAGES["pip_index"].text(**dict(fields, index=masked or "PyPI"))
+    return f"{text} {_pip_aftermath(inputs)}"
+
+
+def _pip_aftermath(inputs: dict) -> str:
+    """What tasks/pip.yml did after pip failed: the venv the run made removed, or the one there before kept;
+    the wheels pushed for it removed (``wheels_removed``: their folder on the host, '' when they stay)."""
+    venv = PIP_AFTERMATH["created" if _flag(inputs.get("created", False)) else "kept"].format(venv=inputs.get("venv"))
+    wheels = inputs.get("wheels_removed")
+    return venv + (PIP_AFTERMATH["wheels"].format(wheels=wheels) if wheels else "")
 
 
 def gpu_venv_wheel_problem(need: dict, result: dict | None, gaps: list[str], controller_python: str) -> str:
@@ -283,8 +311,9 @@ def _lock_text(path: str) -> str | None:
 
 def gpu_venv_lock_problems(stacks: list[dict], inputs: dict) -> list[str]:
     """Each stack's lock problem (``gpu_tf_lock_plan``); where there is none, each locked stack whose lock the
-    wheelhouse contradicts. ``inputs``: ``lock_dir``, ``package``, ``extras``, ``require_lock``, ``wheelhouse``
-    and ``wheel_files`` (its wheels hashed, the ``artifact_sha256`` lookup's entries)."""
+    wheelhouse contradicts or does not hold in full. ``inputs``: ``lock_dir``, ``package``, ``extras``,
+    ``require_lock``, ``wheelhouse``, ``wheel_files`` (its wheels hashed, the ``artifact_sha256`` lookup's
+    entries) and ``arch`` (the host's machine architecture, ``ansible_facts['architecture']``)."""
     locks = []
     found = []
     for stack in stacks:
@@ -299,18 +328,35 @@ def gpu_venv_lock_problems(stacks: list[dict], inputs: dict) -> list[str]:
             _flag(inputs["require_lock"]),
         )
         found += [plan["problem"]] if plan["problem"] else []
-        locks += [(path, text)] if plan["locked"] else []
+        locks += [(path, text, stack)] if plan["locked"] else []
     if found or not inputs.get("wheelhouse"):
         return found
-    for path, text in locks:
-        problems = gpu_lock_wheelhouse(text or "", inputs.get("wheel_files"))
-        if problems:
-            found.append(
-                MESSAGES["wheelhouse_not_locked"].text(
-                    problems="; ".join(problems), wheelhouse=inputs["wheelhouse"], lock=os.path.basename(path)
-                )
-            )
-    return found
+    return [problem for path, text, stack in locks for problem in _wheelhouse_problem(path, text, stack, inputs)]
+
+
+def _wheelhouse_problem(path: str, text: str | None, stack: dict, inputs: dict) -> list[str]:
+    """The wheelhouse's problem with one stack's lock: its altered wheels and the pins it has no wheel of for the
+    stack's Python and the host's architecture (``inputs['arch']``), one text; none when it holds the whole lock."""
+    python = python_series(str((stack.get("python") or {}).get("version") or ""))
+    arch = str(inputs.get("arch") or "")
+    gaps = gpu_lock_wheelhouse(text or "", inputs.get("wheel_files"), complete=True, python=python, arch=arch)
+    if not gaps:
+        return []
+    altered = [gap for gap in gaps if not gap.startswith("no locked wheel of ")]
+    missing = [gap[len("no locked wheel of ") :] for gap in gaps if gap not in altered]
+    named = altered + ([f"no locked wheel of {', '.join(_some(missing, NAMED['wheelhouse_gaps']))}"] if missing else [])
+    wheelhouse = str(inputs["wheelhouse"]).rstrip("/") or "/"
+    need = {"lock": path, "dir": wheelhouse, "python": python or "<X.Y>", "arch": arch or "<arch>"}
+    return [
+        MESSAGES["wheelhouse_not_locked"].text(
+            problems="; ".join(named),
+            wheelhouse=wheelhouse,
+            lock=os.path.basename(path),
+            python=need["python"],
+            arch=need["arch"],
+            download=shlex.join(gpu_venv_download_argv(need, "python3")),
+        )
+    ]
 
 
 def gpu_venv_plan(stacks: list[dict], state: dict) -> dict[str, dict[str, Any]]:

@@ -72,7 +72,7 @@ def collection_file(relative: str, root: str = COLLECTION_ROOT) -> str:
 
 def role_of(variable: str, root: str = COLLECTION_ROOT) -> str:
     """The role that owns ``variable``: the longest role name that prefixes it."""
-    roles = sorted(os.listdir(os.path.join(root, "roles")), key=len, reverse=True)
+    roles = sorted(role_names(root), key=len, reverse=True)
     owner = next((role for role in roles if variable.startswith(role + "_")), None)
     if owner is None:
         raise AnsibleLookupError(f"{variable!r} does not start with the name of a role of gpu_fleet.tf_hosts")
@@ -80,12 +80,29 @@ def role_of(variable: str, root: str = COLLECTION_ROOT) -> str:
 
 
 @functools.lru_cache(maxsize=32)
-def _main_options(path: str, mtime_ns: int) -> dict:
-    """The options of entry point main in one ``argument_specs.yml``, parsed once per version of the file:
-    a task templates a variable each time it is read, so one task may ask many times."""
+def _argument_specs(path: str, mtime_ns: int) -> dict:
+    """The entry points of one ``argument_specs.yml``, parsed once per version of the file: a task templates a
+    variable each time it is read, so one task may ask many times."""
     del mtime_ns  # part of the cache key only
     with open(path, encoding="utf-8") as handle:
-        return yaml_load(handle)["argument_specs"]["main"]["options"]
+        return yaml_load(handle)["argument_specs"]
+
+
+def _main_options(path: str, mtime_ns: int) -> dict:
+    """The options of entry point main in one ``argument_specs.yml``."""
+    return _argument_specs(path, mtime_ns)["main"]["options"]
+
+
+def role_names(root: str = COLLECTION_ROOT) -> list[str]:
+    """The collection's roles, by name."""
+    return sorted(os.listdir(os.path.join(root, "roles")))
+
+
+def option_names(role: str, root: str = COLLECTION_ROOT) -> frozenset[str]:
+    """Every option of every entry point of ``role`` in its ``meta/argument_specs.yml``."""
+    path = os.path.join(root, "roles", role, "meta", "argument_specs.yml")
+    entry_points = _argument_specs(path, os.stat(path).st_mtime_ns).values()
+    return frozenset(name for entry in entry_points for name in entry.get("options") or {})
 
 
 def documented_options(role: str, root: str = COLLECTION_ROOT) -> dict:

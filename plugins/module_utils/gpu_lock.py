@@ -104,7 +104,11 @@ def parse_lock(text: str) -> dict[str, str]:
 _HASH = re.compile(r"--hash[= ]sha256:([0-9a-fA-F]{64})")
 # A wheel's file name: {distribution}-{version}(-{build})?-{python}-{abi}-{platform}.whl (PEP 427,
 # "File name convention"); the distribution's own dashes are written as underscores.
-_WHEEL = re.compile(r"^(?P<name>[^-]+)-(?P<version>[^-]+)(-\d[^-]*)?-[^-]+-[^-]+-[^-]+\.whl$")
+_WHEEL = re.compile(
+    r"^(?P<name>[^-]+)-(?P<version>[^-]+)(-\d[^-]*)?-(?P<python>[^-]+)-(?P<abi>[^-]+)-(?P<platform>[^-]+)\.whl$"
+)
+# A Python tag: interpreter (py: any, cp: CPython), major version, minor version if any.
+_PYTHON_TAG = re.compile(r"^(py|cp)(\d)(\d*)$")
 
 
 def lock_hashes(text: str) -> dict[str, tuple[str, frozenset[str]]]:
@@ -138,15 +142,58 @@ def wheelhouse_problems(text: str, wheels: Mapping[str, str]) -> list[str]:
     return problems
 
 
-def wheelhouse_missing(text: str, wheels: Mapping[str, str]) -> list[str]:
+def _python_fits(python_tags: str, abi_tags: str, series: str) -> bool:
+    """Whether CPython ``series`` (X.Y) takes a wheel of these Python and ABI tags (dot-separated
+    alternatives): ``pyX``/``pyXZ`` (Z <= Y) with ABI ``none``, ``cpXY`` with ``cpXY``, ``abi3`` or
+    ``none``, ``cpXZ`` (Z < Y) with ``abi3`` - the tags pip accepts (PEP 425, PEP 384; packaging.tags,
+    cpython_tags and compatible_tags)."""
+    major, _, minor = series.partition(".")
+    abis = set(abi_tags.split("."))
+    for tag in python_tags.split("."):
+        match = _PYTHON_TAG.match(tag)
+        if not match or match.group(2) != major:
+            continue
+        kind, tag_minor = match.group(1), match.group(3)
+        if kind == "py" and "none" in abis and (not tag_minor or int(tag_minor) <= int(minor or 0)):
+            return True
+        if kind == "cp" and tag_minor == minor and abis & {f"cp{major}{minor}", "abi3", "none"}:
+            return True
+        if kind == "cp" and tag_minor and int(tag_minor) < int(minor or 0) and "abi3" in abis:
+            return True
+    return False
+
+
+def _platform_fits(platform_tags: str, arch: str) -> bool:
+    """Whether a glibc Linux host of ``arch`` (``uname -m``) takes a wheel of these platform tags: ``any``,
+    ``linux_<arch>`` or a manylinux tag of that arch (PEP 600; its glibc floor is not compared)."""
+    return any(
+        tag == "any"
+        or re.match(rf"^(linux|manylinux1|manylinux2010|manylinux2014|manylinux_\d+_\d+)_{re.escape(arch)}$", tag)
+        for tag in platform_tags.split(".")
+    )
+
+
+def wheel_fits(file_name: str, python: str = "", arch: str = "") -> bool:
+    """Whether pip on CPython ``python`` (X.Y) on a Linux host of ``arch`` installs the wheel ``file_name``;
+    an empty ``python`` or ``arch`` is not compared. A name that is no wheel's fits nothing."""
+    match = _WHEEL.match(file_name)
+    if not match:
+        return False
+    if python and not _python_fits(match.group("python"), match.group("abi"), python_series(python)):
+        return False
+    return not arch or _platform_fits(match.group("platform"), arch)
+
+
+def wheelhouse_missing(text: str, wheels: Mapping[str, str], python: str = "", arch: str = "") -> list[str]:
     """The pins of a lock (``name==version``, sorted) that no wheel of a wheelhouse (``{file name:
-    sha256}``) is a locked file of: what ``pip install --no-index --require-hashes`` would not find
-    there. A folder with none of these and no :func:`wheelhouse_problems` holds the whole lock."""
+    sha256}``) is a locked file of, for CPython ``python`` on ``arch`` (:func:`wheel_fits`; empty: any):
+    what ``pip install --no-index --require-hashes`` would not find there. A folder with none of these
+    and no :func:`wheelhouse_problems` holds the whole lock."""
     held: set[str] = set()
     pins = lock_hashes(text)
     for name, digest in wheels.items():
         match = _WHEEL.match(name)
-        if match:
+        if match and wheel_fits(name, python, arch):
             key = normalize_name(match.group("name"))
             version, digests = pins.get(key, (None, frozenset()))
             if version == match.group("version") and str(digest).lower() in digests:

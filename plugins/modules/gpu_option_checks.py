@@ -18,7 +18,14 @@ description:
     C(cuda_toolkit)'s installer time limit (C(cuda_toolkit_install_timeout), at least 60 seconds).
   - The files C(gpu_env) writes on the host (C(gpu_env_profile_path), C(gpu_env_ld_conf_path),
     C(gpu_env_sudoers_path)) must be absolute paths; a path type alone takes any word.
-  - Fails naming every option that breaks its specification or rule, with the fix, all at once.
+  - Every variable of the host that starts with the name of one of the collection's roles, then C(_), and is no
+    option of any entry point of that role is named too, with the closest option's name (C(nvidia_driver_versoin) -
+    did you mean C(nvidia_driver_version)?), as Ansible itself ignores a variable no task reads. Internal names (C(__<role>_...)) and the names the run itself
+    sets (the facts the roles publish, the fleet report's failure notes, site.yml's play variables, the custom stat
+    C(gpu_verify_report_summary) an earlier job of an AWX workflow passes on) are left alone. This is done for
+    every role, whichever O(roles) names.
+  - Fails naming every option that breaks its specification or rule, and every misspelt variable, with the fix,
+    all at once.
   - Preflight (C(playbooks/tasks/checks.yml)) runs it for every phase after it, so that a bad option of a later
     phase stops C(site.yml) before the driver is touched; the installers' C(check) entry points there skip their
     own validation of the same options. A required option left out (C(gpu_verify_expected_gpu_count)) is named
@@ -65,7 +72,9 @@ EXAMPLES = r"""
 
 RETURN = r"""
 problems:
-  description: One message per option that breaks its specification or rule, naming the option, what is wrong and the fix.
+  description:
+    - One message per option that breaks its specification or rule, naming the option, what is wrong and the fix,
+      and one per variable that starts with a role's name and is no option of it.
   returned: always
   type: list
   elements: str

@@ -96,4 +96,13 @@ resolution:
   description: What the filter P(gpu_fleet.tf_hosts.gpu_stacks_resolve#filter) returned.
   returned: when the stacks were resolved
   type: dict
+problems:
+  description:
+    - One message per problem - the stack's name, then the cause and the fix (no name for a problem of the whole
+      host); the failure's C(msg) is these messages as one text.
+  returned: when the stacks could not be resolved
+  type: list
+  elements: str
+  sample:
+    - 'tf2.12: TensorFlow 2.12.9 is not in the version matrix: the newest 2.12 release it knows is 2.12.1. ...'
 """

@@ -312,6 +312,30 @@ ansible_facts:
           returned: always
           type: bool
           sample: false
+        nvidia_smi_problem:
+          description:
+            - Why nvidia-smi gave no list, naming what was tried - not installed (and where it was looked for), or the
+              command, its exit status and its first line; null when it listed the GPUs.
+          returned: always
+          type: str
+          sample: "nvidia-smi is not installed (not on PATH (/usr/bin:/bin) nor in /sbin, /usr/sbin, /usr/local/sbin)"
+          version_added: "0.19.0"
+        pci_devices_problem:
+          description:
+            - Why O(pci_devices_path) gave no GPU list, naming the folder - it does not exist, is not a folder, cannot
+              be read (and why), is empty, or is not sysfs-like; null when it was read.
+          returned: always
+          type: str
+          sample: /srv/pci-devices does not exist
+          version_added: "0.19.0"
+        lspci_path:
+          description:
+            - Where C(lspci) is on the host, looked up whether or not it ran; null when the host has none, so that a
+              fix suggests it only with the advice to install pciutils.
+          returned: always
+          type: str
+          sample: /usr/bin/lspci
+          version_added: "0.19.0"
         errors:
           description: What failed, each with the cause and the fix; empty when everything ran.
           returned: always
@@ -360,6 +384,10 @@ PROC_DRIVER_VERSION = "/proc/driver/nvidia/version"
 # The files of each PCI function folder that the sysfs parser reads (docs.kernel.org/PCI/sysfs-pci.html).
 PCI_DEVICE_FILES = ("vendor", "device", "class")
 EXIT_TIMED_OUT = 124  # what coreutils and busybox `timeout` return
+# Where AnsibleModule.get_bin_path looks for a bare name besides PATH (ansible.module_utils.common.process).
+SBIN_DIRS = ("/sbin", "/usr/sbin", "/usr/local/sbin")
+# Said after a command the fix suggests that is not on the host (pciutils ships lspci: lspci(8)).
+LSPCI_MISSING = " (install pciutils first: this host has no lspci)"
 
 
 def module_not_loaded_hint(container: bool = False) -> str:
@@ -374,7 +402,8 @@ NVIDIA_SMI_HINTS = {
     2: "nvidia-smi rejected the query; drivers older than R510 do not know compute_cap, so upgrade the driver.",
     3: "This GPU or driver does not support the query.",
     4: "Run the task with become: true; this user may not query the GPUs.",
-    6: "The driver is loaded but sees no GPU: compare with `lspci -nn -d 10de:` and look for NVRM errors in `dmesg`.",
+    6: "The driver is loaded but sees no GPU: compare with `lspci -nn -d 10de:`{lspci} and look for NVRM errors in "
+    "`dmesg`.",
     NVIDIA_SMI_MODULE_NOT_LOADED_RC: module_not_loaded_hint(),
     12: "libnvidia-ml.so is missing: reinstall the driver so its user-space libraries match the kernel module.",
     15: "A GPU has fallen off the bus: look for Xid 79 in `dmesg` and power-cycle the host.",
@@ -398,9 +427,13 @@ def _first_line(*texts: str) -> str:
     return "no output"
 
 
+def _exited(label: str, rc: int, stdout: str, stderr: str) -> str:
+    """``<command> exited <rc>: <its first line>``; nvidia-smi prints its errors on stdout, lspci on stderr."""
+    return f"{label} exited {rc}: {_first_line(stdout, stderr).rstrip('.')}"
+
+
 def _failure(label: str, rc: int, stdout: str, stderr: str, hint: str = "") -> str:
-    # nvidia-smi prints its errors on stdout, lspci on stderr; take whichever has something.
-    message = f"{label} exited {rc}: {_first_line(stdout, stderr).rstrip('.')}."
+    message = f"{_exited(label, rc, stdout, stderr)}."
     return f"{message} {hint}" if hint else message
 
 
@@ -412,17 +445,20 @@ def _parse(command: Sequence[str], output: str, parser: Callable[[str], Any]) ->
 
 
 def query_nvidia_smi(
-    run: Runner, nvidia_smi: str, errors: list[str], container: bool = False
-) -> tuple[list[dict[str, Any]] | None, int]:
-    """Run the --query-gpu command; return (GPUs or None when it failed, exit status). ``container``: this
-    runs in a container (gpu_parsers.in_container), whose steps come first in exit 9's fix."""
+    run: Runner, nvidia_smi: str, errors: list[str], container: bool = False, lspci_found: bool = True
+) -> tuple[list[dict[str, Any]] | None, int, str]:
+    """Run the --query-gpu command; return (GPUs or None when it failed, exit status, what it said when it
+    failed: ``<path> --query-gpu exited <rc>: <first line>``, else ''). ``container``: this runs in a
+    container (gpu_parsers.in_container), whose steps come first in exit 9's fix; ``lspci_found``: the host
+    has lspci, which a hint may suggest (else it says to install pciutils)."""
     command = [nvidia_smi, "--query-gpu=" + ",".join(QUERY_FIELDS), "--format=csv,noheader,nounits"]
     rc, stdout, stderr = run(command)
     if rc != 0:
         hints = {**NVIDIA_SMI_HINTS, NVIDIA_SMI_MODULE_NOT_LOADED_RC: module_not_loaded_hint(container)}
-        errors.append(_failure(f"{nvidia_smi} --query-gpu", rc, stdout, stderr, hints.get(rc, "")))
-        return None, rc
-    return sorted(_parse(command, stdout, parse_query_gpu), key=lambda gpu: gpu["index"]), rc
+        hint = hints.get(rc, "").replace("{lspci}", "" if lspci_found else LSPCI_MISSING)
+        errors.append(_failure(f"{nvidia_smi} --query-gpu", rc, stdout, stderr, hint))
+        return None, rc, _exited(f"{nvidia_smi} --query-gpu", rc, stdout, stderr)
+    return sorted(_parse(command, stdout, parse_query_gpu), key=lambda gpu: gpu["index"]), rc, ""
 
 
 def query_topology(run: Runner, nvidia_smi: str, errors: list[str]) -> dict[str, dict[str, str]]:
@@ -445,29 +481,40 @@ def query_lspci(run: Runner, lspci: str, errors: list[str]) -> tuple[list[dict[s
     return _parse(command, stdout, parse_lspci), _parse(command, stdout, parse_lspci_nvswitches)
 
 
+def not_found(name: str, searched: str = "PATH") -> str:
+    """Why a tool the Finder did not find is not there, naming where it looked: a path is no executable file;
+    a bare name is not installed (``searched``: where bare names are looked up)."""
+    if "/" in name:
+        return f"{name} does not exist or is not an executable file"
+    return f"{name} is not installed (not on {searched})"
+
+
 def _smi_facts(
-    run: Runner, find: Finder, nvidia_smi: str, errors: list[str], container: bool = False
-) -> tuple[list[dict[str, Any]] | None, int | None, dict[str, dict[str, str]]]:
-    """GPUs (None when nvidia-smi is missing or failed), its exit status and the ``topo -m`` matrix."""
+    run: Runner, find: Finder, tools: tuple[str, str | None, str], errors: list[str], container: bool = False
+) -> tuple[list[dict[str, Any]] | None, int | None, dict[str, dict[str, str]], str]:
+    """GPUs (None when nvidia-smi is missing or failed), its exit status, the ``topo -m`` matrix and why it gave
+    no list ('' when it did). ``tools``: the nvidia-smi option, lspci's path (None when the host has none) and
+    where names are looked up."""
+    nvidia_smi, lspci_path, searched = tools
     smi_path = find(nvidia_smi)
     if smi_path is None:
+        missing = not_found(nvidia_smi, searched)
         errors.append(
-            f"{nvidia_smi} was not found (not on PATH nor an executable file): the NVIDIA driver is not installed, "
-            "or set nvidia_smi_path to where it is."
+            f"{missing}: it comes with the NVIDIA driver, so install the driver, or set nvidia_smi_path to where it is."
         )
-        return None, None, {}
-    gpus, smi_rc = query_nvidia_smi(run, smi_path, errors, container)
-    return gpus, smi_rc, query_topology(run, smi_path, errors) if gpus else {}
+        return None, None, {}, missing
+    gpus, smi_rc, said = query_nvidia_smi(run, smi_path, errors, container, lspci_path is not None)
+    return gpus, smi_rc, query_topology(run, smi_path, errors) if gpus else {}, said
 
 
 def _lspci_facts(
-    run: Runner, find: Finder, lspci: str, errors: list[str]
+    run: Runner, lspci: str, lspci_path: str | None, searched: str, errors: list[str]
 ) -> tuple[list[dict[str, str]] | None, list[str]]:
     """NVIDIA GPUs on the PCI bus (None when lspci is missing or failed) and NVSwitch bus IDs."""
-    lspci_path = find(lspci)
     if lspci_path is None:
         errors.append(
-            f"{lspci} was not found: install pciutils to list GPUs without the driver, or set lspci_path to where it is."
+            f"{not_found(lspci, searched)}: install pciutils to list GPUs without the driver, or set lspci_path to "
+            "where it is."
         )
         return None, []
     return query_lspci(run, lspci_path, errors)
@@ -475,29 +522,34 @@ def _lspci_facts(
 
 def _pci_facts(
     run: Runner,
-    find: Finder,
-    lspci: str,
+    tools: tuple[str, str | None, str, str],
     sysfs: tuple[Mapping[str, Mapping[str, str]] | None, str],
     errors: list[str],
-) -> tuple[str, list[dict[str, Any]] | None, list[str]]:
-    """Where the PCI bus was read ("sysfs", "lspci" or "none"), its NVIDIA GPUs (None when unread), NVSwitch bus IDs.
+) -> tuple[str, list[dict[str, Any]] | None, list[str], str]:
+    """Where the PCI bus was read ("sysfs", "lspci" or "none"), its NVIDIA GPUs (None when unread), NVSwitch bus
+    IDs, and why the sysfs folder gave nothing ('' when it was read or not asked for).
 
-    sysfs is (read_pci_devices' folder contents or None, why it could not be read); lspci runs only
-    when sysfs gives nothing usable.
+    sysfs is (read_pci_devices' folder contents or None, why it could not be read: the folder and the reason);
+    lspci runs only when sysfs gives nothing usable. ``tools``: lspci's option, its path (None when the host
+    has none), where names are looked up and the folder sysfs came from.
     """
+    lspci, lspci_path, searched, folder = tools
     devices, why = sysfs
     if devices is not None:
         try:
-            return "sysfs", parse_sysfs_pci(devices), parse_sysfs_pci_nvswitches(devices)
+            return "sysfs", parse_sysfs_pci(devices), parse_sysfs_pci_nvswitches(devices), ""
         except ValueError as exc:
-            why = (
-                f"The PCI device folder is not sysfs-like: {exc}. The GPUs were listed with lspci instead; "
-                "point pci_devices_path at /sys/bus/pci/devices or a folder of the same layout."
-            )
+            why = f"{folder} is not sysfs-like ({exc})"
+    lspci_errors: list[str] = []
+    pci_gpus, nvswitches = _lspci_facts(run, lspci, lspci_path, searched, lspci_errors)
     if why:
-        errors.append(why)
-    pci_gpus, nvswitches = _lspci_facts(run, find, lspci, errors)
-    return ("none" if pci_gpus is None else "lspci"), pci_gpus, nvswitches
+        instead = "the GPUs were listed with lspci instead" if pci_gpus is not None else "nor could lspci list them"
+        errors.append(
+            f"{why[:1].upper()}{why[1:]}: {instead}. Point pci_devices_path at /sys/bus/pci/devices (the default) or "
+            "a folder of the same layout (<bus id>/vendor, device, class)."
+        )
+    errors.extend(lspci_errors)
+    return ("none" if pci_gpus is None else "lspci"), pci_gpus, nvswitches, why
 
 
 def _source_and_models(
@@ -514,6 +566,15 @@ def _source_and_models(
     return "none", []
 
 
+def _missing_from_smi(gpus: list[dict[str, Any]] | None, pci_gpus: list[dict[str, Any]] | None) -> list[str]:
+    """Bus IDs of the GPUs on the PCI bus that nvidia-smi does not list (none unless both listed GPUs)."""
+    if gpus is None or pci_gpus is None:
+        return []
+    # Both parsers give bus IDs in one form (gpu_parsers.normalize_bus_id), so they compare as text.
+    seen = {gpu["pci_bus_id"] for gpu in gpus}
+    return [gpu["pci_bus_id"] for gpu in pci_gpus if gpu["pci_bus_id"] not in seen]
+
+
 def gather_gpu_facts(
     run: Runner,
     find: Finder,
@@ -522,26 +583,29 @@ def gather_gpu_facts(
     proc_driver_version: str | None = None,
     sysfs: tuple[Mapping[str, Mapping[str, str]] | None, str] = (None, ""),
     container: bool = False,
+    searched: str = "PATH",
+    pci_devices_path: str = "The PCI device folder",
 ) -> dict[str, Any]:
     """Build the gpu_facts dict; all I/O goes through run and find, so tests pass fakes.
 
     proc_driver_version is the text of /proc/driver/nvidia/version, or None when it does not exist.
     sysfs is what :func:`read_pci_devices` returned; the default (None, "") means "not read" and
     lists the PCI bus with lspci, without an error. container says whether this runs in a container
-    (gpu_parsers.in_container), for the order of exit 9's fix.
+    (gpu_parsers.in_container), for the order of exit 9's fix. searched says where find looks for a
+    bare name (for the message of a tool that is not installed); pci_devices_path names the folder sysfs
+    came from.
 
     Raises:
         OutputFormatError: a tool succeeded but its output could not be parsed.
     """
     errors: list[str] = []
-    gpus, smi_rc, topology = _smi_facts(run, find, nvidia_smi, errors, container)
-    pci_source, pci_gpus, nvswitches = _pci_facts(run, find, lspci, sysfs, errors)
+    lspci_path = find(lspci)
+    gpus, smi_rc, topology, smi_problem = _smi_facts(run, find, (nvidia_smi, lspci_path, searched), errors, container)
+    pci_source, pci_gpus, nvswitches, pci_devices_problem = _pci_facts(
+        run, (lspci, lspci_path, searched, pci_devices_path), sysfs, errors
+    )
 
-    missing: list[str] = []
-    if gpus is not None and pci_gpus is not None:
-        # Both parsers give bus IDs in one form (gpu_parsers.normalize_bus_id), so they compare as text.
-        seen = {gpu["pci_bus_id"] for gpu in gpus}
-        missing = [gpu["pci_bus_id"] for gpu in pci_gpus if gpu["pci_bus_id"] not in seen]
+    missing = _missing_from_smi(gpus, pci_gpus)
     source, models = _source_and_models(gpus, pci_gpus, pci_source)
 
     driver_version = next((gpu["driver_version"] for gpu in gpus or [] if gpu["driver_version"]), None)
@@ -566,6 +630,9 @@ def gather_gpu_facts(
         "topology": topology,
         "nvlink_pairs": nvlink_pairs(topology),
         "nvswitch_present": bool(nvswitches) or nvswitch_in_topology(topology),
+        "nvidia_smi_problem": smi_problem or None,
+        "pci_devices_problem": pci_devices_problem or None,
+        "lspci_path": lspci_path,
         "errors": errors,
     }
 
@@ -602,16 +669,20 @@ def make_finder(module: AnsibleModule) -> Finder:
 def read_pci_devices(path: str) -> tuple[dict[str, dict[str, str]] | None, str]:
     """The vendor, device and class files of each PCI function folder under path (sysfs layout).
 
-    Returns (bus ID folder -> file name -> text, ""), or (None, why and what to do) when the folder
-    cannot be listed. A file that cannot be read is ''; the parser decides whether that matters.
+    Returns (bus ID folder -> file name -> text, ""), or (None, the folder and why it gives nothing: it
+    does not exist, is not a folder, cannot be read, is empty). A file that cannot be read is ''; the
+    parser decides whether that matters.
     """
     try:
         names = sorted(os.listdir(path))
+    except FileNotFoundError:
+        return None, f"{path} does not exist"
+    except NotADirectoryError:
+        return None, f"{path} is not a folder"
     except OSError as exc:
-        return None, (
-            f"{path} cannot be read ({exc.strerror or exc}): the GPUs were listed with lspci instead. "
-            "Point pci_devices_path at /sys/bus/pci/devices (or a folder of the same layout)."
-        )
+        return None, f"{path} cannot be read ({exc.strerror or exc})"
+    if not names:
+        return None, f"{path} is empty"
     devices: dict[str, dict[str, str]] = {}
     for name in names:
         files = devices[name] = {}
@@ -655,6 +726,8 @@ def main() -> None:
             read_proc_driver_version(),
             read_pci_devices(params["pci_devices_path"]),
             in_container(),
+            f"PATH ({os.environ.get('PATH', '')}) nor in {', '.join(SBIN_DIRS)}",
+            params["pci_devices_path"],
         )
     except OutputFormatError as exc:
         module.fail_json(

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from ansible_collections.gpu_fleet.tf_hosts.plugins.module_utils.gpu_lock import lock_hashes
+from ansible_collections.gpu_fleet.tf_hosts.plugins.module_utils.gpu_lock import lock_hashes, normalize_name
 from ansible_run import latest_report
 from sandbox_hosts import ROOT, STANDINS, link_or_copy, site, start_container, start_converged, stop_container
 from wheelhouse import WHEELHOUSE
@@ -56,6 +56,7 @@ ALTERED_WHEEL = ((WHEELHOUSE / WHEEL).read_bytes() if (WHEELHOUSE / WHEEL).is_fi
 OUTPUT = ROOT / "build" / "test-output" / "bad-input-suite.log"
 PROXY_SECRET = "inventory-S3cret"  # the password of a malformed proxy URL, never shown
 ERROR_PAGE = b"<!DOCTYPE html><html><body>403 Forbidden</body></html>\n"
+EXAMPLE_OVERLAY = ROOT / "manifests/gpu_hosts-artifacts-local.yml"  # the example fleet's, with its placeholders
 
 
 def _sha256(data: bytes) -> str:
@@ -421,6 +422,49 @@ CASES = [
         "not_root", {"ansible_user": "deploy", "ansible_become": False}, ("Tasks run as deploy", "not root", "become")
     ),
     Case("unsupported_os", {}, ("Debian 11 is not a supported OS", "Use a supported release"), container="os"),
+    # Ansible ignores a variable no task reads: the default driver would be installed, rc 0.
+    Case(
+        "role_variable_misspelt",
+        {"nvidia_driver_versoin": "535.104.05"},
+        ("nvidia_driver_versoin is no option of the role nvidia_driver", "(did you mean nvidia_driver_version?)"),
+    ),
+    Case(
+        "tensorflow_patch_above_matrix",
+        stacks({"tensorflow": "2.12.9"}),
+        (
+            "TensorFlow 2.12.9 is not in the version matrix: the newest 2.12 release it knows is 2.12.1",
+            "which takes 2.12.1",
+        ),
+    ),
+    # A copy of the example fleet as it comes: its overlay pins the driver and cuDNN with a placeholder.
+    Case(
+        "example_overlay_placeholder",
+        {"gpu_preflight_manifest_overlays": [str(STANDINS / "artifacts.yml"), str(EXAMPLE_OVERLAY)]},
+        (
+            "cudnn-linux-x86_64-8.6.0.163_cuda11-archive.tar.xz has the placeholder "
+            f"'replace-with-the-sha256-of-your-file' as its sha256 in {EXAMPLE_OVERLAY}",
+            "`sha256sum cudnn-linux-x86_64-8.6.0.163_cuda11-archive.tar.xz` prints it",
+        ),
+    ),
+    Case(
+        "pci_folder_missing",
+        {"gpu_preflight_pci_devices_path": "/nonexistent/pci-devices"},
+        (
+            "/nonexistent/pci-devices does not exist (gpu_preflight_pci_devices_path)",
+            "Set gpu_preflight_pci_devices_path to /sys/bus/pci/devices",
+        ),
+    ),
+    # The altered wheel's case after its old advice ("remove the others"): the lock's wheels without six.
+    Case(
+        "wheelhouse_incomplete_after_advice",
+        {"tf_venv_wheelhouse": "{{ gpu_artifacts_controller_dir | dirname }}/wheelhouse-incomplete"},
+        (
+            "(tf_venv_wheelhouse) does not hold the wheels of the lock tensorflow-2.12.1-py3.11.txt for CPython 3.11",
+            "no locked wheel of six==1.17.0",
+            "pip download --dest",
+            "Nothing was pushed to the host",
+        ),
+    ),
 ]
 
 
@@ -441,6 +485,7 @@ def _artifacts(tmp: Path) -> tuple[Path, Path]:
     wheelhouse = tmp / "wheelhouse"
     wheelhouse.mkdir()
     (wheelhouse / WHEEL).write_bytes(ALTERED_WHEEL)
+    _incomplete_wheelhouse(tmp / "wheelhouse-incomplete")
     folder = tmp / "artifacts"
     # Hard links where the file system allows (NVIDIA's real files are gigabytes; nothing here writes to them).
     shutil.copytree(STANDINS, folder, symlinks=True, copy_function=link_or_copy)
@@ -462,6 +507,16 @@ def _artifacts(tmp: Path) -> tuple[Path, Path]:
     overlay = tmp / "bad-artifacts.yml"
     overlay.write_text(yaml.safe_dump({"artifacts": entries}))
     return folder, overlay
+
+
+def _incomplete_wheelhouse(folder: Path) -> None:
+    """The session wheelhouse's wheels of the sandbox's lock, all but six's (the altered wheel removed)."""
+    folder.mkdir()
+    pins = lock_hashes((ROOT / "data/locks/tensorflow-2.12.1-py3.11.txt").read_text())
+    for wheel in WHEELHOUSE.glob("*.whl") if WHEELHOUSE.is_dir() else []:
+        name, version = wheel.name.split("-")[:2]
+        if name.lower() != "six" and pins.get(normalize_name(name), ("",))[0] == version:
+            link_or_copy(str(wheel), str(folder / wheel.name))
 
 
 def _listing(name: str) -> list[str]:

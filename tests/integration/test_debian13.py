@@ -20,6 +20,7 @@ from pathlib import Path
 
 import ansible_cores
 import pytest
+import retry
 import yaml
 from sandbox_hosts import ROOT, start_container, start_converged, stop_container
 from sandbox_hosts import STANDINS as STANDINS_12
@@ -175,8 +176,9 @@ def over_ssh(host):
     """The sandbox's Debian 12 host from the converged snapshot, with sshd (Debian's openssh-server), and an
     inventory that reaches it from the Debian 13 controller over SSH with a key of the test's own."""
     name = start_converged("gpu-ssh12")
-    _sh(host["name"], "apt-get -qq update && apt-get -qq install -y openssh-client >/dev/null")
-    _sh(name, "apt-get -qq update && apt-get -qq install -y openssh-server >/dev/null && mkdir -p /run/sshd /root/.ssh")
+    retry.apt_install(host["name"], "openssh-client")
+    retry.apt_install(name, "openssh-server")
+    _sh(name, "mkdir -p /run/sshd /root/.ssh")
     _sh(host["name"], f"ssh-keygen -q -t ed25519 -N '' -f {WORK}/id_ed25519")
     _sh(
         name,

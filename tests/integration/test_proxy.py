@@ -29,6 +29,7 @@ import uuid
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+import retry
 import yaml
 from ansible_run import latest_report
 from sandbox_hosts import IMAGE, ROOT, STANDINS, link_or_copy, site, start_container, stop_container
@@ -72,13 +73,12 @@ def addresses(container: str) -> dict[str, str]:
 def start_proxy(name: str, network: str) -> None:
     podman("run", "-d", "--name", name, "--runtime=runc", "--init", "--ulimit", "nofile=1024:1024",
            "--ulimit", "nproc=4096:4096", "--network", "podman", "--network", network, IMAGE, "sleep", "infinity")  # fmt: skip
+    retry.apt_install(name, "tinyproxy", timeout=300)
     script = (
-        "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends tinyproxy"
-        " && mkdir -p /run/tinyproxy && chown tinyproxy:tinyproxy /run/tinyproxy /var/log/tinyproxy"
+        "mkdir -p /run/tinyproxy && chown tinyproxy:tinyproxy /run/tinyproxy /var/log/tinyproxy"
         " && cat > /etc/tinyproxy/test.conf && tinyproxy -c /etc/tinyproxy/test.conf"
     )
-    subprocess.run(["podman", "exec", "-i", name, "sh", "-c", script], input=CONF, text=True, check=True,
-                   capture_output=True, timeout=300)  # fmt: skip
+    retry.in_container(name, script, input=CONF, tries=1, timeout=60)
 
 
 def proxy_requests(log: str) -> list[tuple[str, str]]:

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 
 import pytest
+import retry
 from ansible_run import latest_report
 from sandbox_hosts import ROOT, sandbox_inventory, site, start_converged, stop_container
 from wheelhouse import cache_dir
@@ -41,21 +41,6 @@ def podman_exec(host: str, *argv: str) -> subprocess.CompletedProcess:
     return subprocess.run(["podman", "exec", host, *argv], capture_output=True, text=True, check=False)
 
 
-def apt_get(host: str, *argv: str, tries: int = 3) -> None:
-    """``apt-get`` in the host; a failure is tried again (a mirror's passing error), then reported with
-    apt's own words."""
-    env = ["env", "DEBIAN_FRONTEND=noninteractive"]
-    for attempt in range(1, tries + 1):
-        done = podman_exec(host, *env, "apt-get", "-q", *argv)
-        if done.returncode == 0:
-            return
-        if attempt < tries:
-            time.sleep(10 * attempt)
-    pytest.fail(
-        f"`apt-get {' '.join(argv)}` failed {tries} times (exit {done.returncode}):\n{done.stdout[-2000:]}{done.stderr}"
-    )
-
-
 @pytest.fixture(scope="module")
 def real_driver(tmp_path_factory):
     """The converged host with Debian's driver user space in place of the stand-in's, and its inventory."""
@@ -65,8 +50,7 @@ def real_driver(tmp_path_factory):
         removed = podman_exec(host, "nvidia-uninstall", "--silent")
         assert removed.returncode == 0, removed.stdout + removed.stderr
         assert podman_exec(host, "sed", "-i", NON_FREE, "/etc/apt/sources.list").returncode == 0
-        apt_get(host, "update")
-        apt_get(host, "install", "-y", "--no-install-recommends", *PACKAGES)
+        retry.apt_install(host, *PACKAGES)
         yield host, sandbox_inventory(tmp_path_factory.mktemp("realdrv") / "inventory", host)
     finally:
         stop_container(host)

@@ -1,5 +1,5 @@
-"""The run lock on a converged host: two site.yml runs started together, and a run
-killed while it holds the lock, then run again.
+"""The run lock on a converged host: two site.yml runs started together, a run killed while it holds
+the lock, then run again, and failed runs, which give it back.
 
 A run killed (SIGKILL of its process group, as test_interrupted.py kills) once it holds the lock
 leaves the lock with its record. Then two runs of site.yml start in the same second: one names the
@@ -7,7 +7,11 @@ killed run's lock as stale (its process is gone) and replaces it; the other says
 one, naming it, and goes on once it gave the lock back. Both pass, the host is verified and no lock
 is left.
 
-About 80 s on an idle 2-core machine (two no-op runs, one waiting for the other).
+A preflight.yml that a check after the artifacts stops (tf_venv's: an index URL without a scheme) and a
+site.yml whose verification fails (an absurd learning rate: the fit's loss is not finite) leave no lock.
+
+About 80 s on an idle 2-core machine for the two no-op runs (one waiting for the other), as much again
+for the failed runs.
 """
 
 from __future__ import annotations
@@ -20,8 +24,8 @@ import time
 from pathlib import Path
 
 import pytest
-from ansible_run import ANSIBLE_PLAYBOOK, latest_report
-from sandbox_hosts import ROOT, sandbox_inventory, start_converged, stop_container
+from ansible_run import ANSIBLE_PLAYBOOK, failures, latest_report
+from sandbox_hosts import ROOT, sandbox_inventory, site, start_converged, stop_container
 
 pytestmark = pytest.mark.integration
 
@@ -82,3 +86,30 @@ def test_a_killed_runs_lock_is_replaced_and_two_runs_started_together_take_turns
     assert _lock(name) is None, "the lock was not given back"
     report = json.loads(latest_report(tmp_path / "reports", "inventory").read_text())
     assert report["hosts"][name]["status"] == "PASS"
+
+
+def test_a_failed_preflight_leaves_no_lock(host):
+    """The tf_venv check (after the artifacts' check) stops the host: the lock, taken after the last check,
+    was never taken; no lock is left for the next run to call stale."""
+    name, inventory = host
+    out = site(inventory, "-e", "tf_venv_pip_index_url=pypi.example.org/simple", playbook="playbooks/preflight.yml")
+    assert out.returncode != 0 and "has no http:// or https:// scheme" in out.stdout, failures(out.stdout)
+    assert _lock(name) is None, "a run stopped by a check left its run lock"
+
+
+def test_a_failed_site_yml_gives_the_lock_back(host, tmp_path):
+    """The host fails in the verification play, the run's last, after taking the lock: Ansible runs no
+    later play (its only host failed), and the lock goes back in that play's `always`. The next run
+    replaces no stale lock."""
+    name, inventory = host
+    reports = tmp_path / "reports"
+    out = site(inventory, "-e", f"gpu_verify_report_dir={reports}", "-e", "gpu_verify_fit_learning_rate=1e200")
+    assert out.returncode != 0, out.stdout[-3000:]
+    took = out.stdout.split("TASK [Take the host's run lock]", 1)[-1].split("TASK [", 1)[0]
+    assert f"ok: [{name}]" in took, "the run never took the lock"
+    report = json.loads(latest_report(reports, "inventory").read_text())
+    assert report["hosts"][name]["status"] == "FAIL", failures(out.stdout)
+    assert _lock(name) is None, "the failed run left its run lock"
+    again = site(inventory, "--tags", "preflight", "-e", f"gpu_verify_report_dir={reports}")
+    assert again.returncode == 0, failures(again.stdout)
+    assert "replaced the stale run lock" not in again.stdout + again.stderr

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import yaml
+from ansible_collections.gpu_fleet.tf_hosts.plugins.filter.gpu_stack import resolve_stacks
 
 ROOT = Path(__file__).resolve().parents[2]
 ANSIBLE_INVENTORY = str(Path(sys.executable).with_name("ansible-inventory"))
@@ -96,3 +97,30 @@ def test_sandbox_finds_the_stand_ins_from_a_playbook_in_any_folder(tmp_path):
     result = json.loads(run.stdout)["plays"][0]["tasks"][0]["hosts"]["gpu-sandbox"]
     paths = [os.path.realpath(path) for path in result["msg"]]
     assert paths == [str(ROOT / "build/standins"), str(ROOT / "build/standins/artifacts.yml")]
+
+
+def test_the_example_overlays_placeholders_are_named_as_placeholders_in_that_file():
+    """A copy of the example fleet as it comes: its overlay holds the placeholder, which preflight names as one, with
+    the file to fill in, rather than a checksum mismatch of a file that is fine."""
+    pins = yaml.safe_load((ROOT / "inventories/gpu_hosts/group_vars/gpu_hosts.yml").read_text())
+    overlay = ROOT / "manifests/gpu_hosts-artifacts-local.yml"
+    manifest = {}
+    for path in (ROOT / "data/artifacts.yml", overlay):
+        for name, entry in yaml.safe_load(path.read_text())["artifacts"].items():
+            manifest[name] = dict(entry, manifest=str(path))
+    host = {
+        "python_versions": {"/usr/bin/python3": "3.11.2"},
+        "default_python": "/usr/bin/python3",
+        "driver_version": pins["nvidia_driver_version"],
+        "driver_install": True,
+        "driver_method": pins["nvidia_driver_method"],
+    }
+    matrix = yaml.safe_load((ROOT / "data/version_matrix.yml").read_text())
+    resolved = resolve_stacks(pins["gpu_preflight_stacks"], matrix, manifest, host)
+    assert resolved["messages"] == [
+        "tf2.12: cudnn-linux-x86_64-8.6.0.163_cuda11-archive.tar.xz has the placeholder "
+        f"'replace-with-the-sha256-of-your-file' as its sha256 in {overlay}, not a sha256 (64 hexadecimal digits). "
+        "Put the sha256 of the file you downloaded from NVIDIA and checked (`sha256sum "
+        "cudnn-linux-x86_64-8.6.0.163_cuda11-archive.tar.xz` prints it) in its place there; unpinned files are never "
+        "installed."
+    ]

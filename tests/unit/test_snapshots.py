@@ -8,6 +8,8 @@ must give a new key, and what does not decide it (bytecode, other folders) must 
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -120,3 +122,40 @@ def test_the_image_name_carries_the_state_and_the_key():
     state = snapshots.STATES["converged"]
     name = snapshots.image_name(state, "ab" * 32)
     assert name == f"{snapshots.REPOSITORY}:converged-{'ab' * 8}"
+
+
+# A process of another clone (a copy of the snapshot code in another folder) that takes the builder's
+# lock of ``converged`` without waiting: prints "free" if it got it, "held" if someone holds it.
+TRY_LOCK = """
+import fcntl, sys
+sys.path.insert(0, sys.argv[1])
+import snapshots
+snapshots.LOCKS.mkdir(parents=True, exist_ok=True)
+with open(snapshots.LOCKS / "converged.lock", "w") as lock:
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        print("free")
+    except BlockingIOError:
+        print("held")
+"""
+
+
+def test_builders_in_two_clones_on_one_machine_share_one_lock(tmp_path, monkeypatch):
+    """The lock lives in the machine's test cache, not in the clone: a build of ``converged`` in this
+    clone holds off one in another clone (the issue saw three clones build the same snapshot at once)."""
+    other = tmp_path / "other-clone" / "tests"
+    for name in ("snapshots.py", "ansible_run.py", "wheelhouse.py", "retry.py", "fixtures/nvidia/nvidia_files.py"):
+        (other / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / "tests" / name, other / name)
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("GPU_TEST_CACHE", str(cache))
+    monkeypatch.setattr(snapshots, "LOCKS", cache / "snapshots")
+
+    def other_clone() -> str:
+        done = subprocess.run([sys.executable, "-c", TRY_LOCK, str(other)], capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
+
+    assert other_clone() == "free"
+    with snapshots._locked("converged"):
+        assert other_clone() == "held"

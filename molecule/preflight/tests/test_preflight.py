@@ -116,8 +116,10 @@ def test_too_little_disk_lists_every_location(site_run):
 
 def test_fewer_gpus_than_expected_before_any_driver(site_run):
     msg = _failure(site_run, "gpucount")
+    # nvidia-smi is named as not installed, with where it was looked for (the host's PATH and the sbin folders).
+    assert "4 GPUs expected, 2 seen: nvidia-smi is not installed (not on PATH (" in msg
     assert (
-        "4 GPUs expected, 2 seen: nvidia-smi gave no list, /usr/share/gpu-sandbox/pci-devices "
+        "nor in /sbin, /usr/sbin, /usr/local/sbin), /usr/share/gpu-sandbox/pci-devices "
         "(gpu_preflight_pci_devices_path) lists 2 NVIDIA GPUs; "
         "bus IDs seen: 0000:07:00.0, 0000:0f:00.0. Reseat or power the missing GPUs"
     ) in msg

@@ -5,11 +5,14 @@ Each value is one of
 
 * a ``gpu_verify.py`` document (schema 1),
 * a list of such documents (one per TensorFlow stack/venv on that host), shown one row each,
-* ``{"unreachable": true, "error": "...", "failed": "...", "connection": "..."}`` for a host that
-  left the play before verification: ``error`` is Ansible's message when it was unreachable,
-  ``failed`` the failed task and its message when a task failed (either null when the run kept
-  none: the callback plugin gpu_fleet.tf_hosts.host_failures keeps them), ``connection`` its
-  ``ansible_connection`` (default ssh), which picks the fix (:data:`UNREACHABLE_FIXES`),
+* ``{"unreachable": bool, "error": "...", "failed": "...", "failed_check": "...", "connection": "..."}``
+  for a host that left the play before verification: ``error`` is Ansible's message when it was
+  unreachable, ``failed`` the failed task and its message when a task failed and ``failed_check`` where
+  (``preflight``, or the task's role; any null when the run kept none: the callback plugin
+  gpu_fleet.tf_hosts.host_failures keeps them), ``connection`` its ``ansible_connection`` (default
+  ssh), which picks the fix (:data:`UNREACHABLE_FIXES`). A host with ``failed`` and ``unreachable``
+  false was stopped by a check or a step: it is failed in that check (``failed (check preflight)``),
+  never counted unreachable (:func:`left_problem`),
 * ``{"ok": false, "problems": [{"check", "cause", "fix"}]}`` for a host whose verification could
   not run.
 
@@ -67,8 +70,11 @@ not verify (see report_history.py; ``--dry-run`` writes nothing):
   under ``GPU health`` each host unhealthy (each finding's check, bus id, cause and fix) or that
   could not be checked (why, and the fix).
 * ``<run folder>/fleet-report.html``: a self-contained page (inline CSS, no scripts) with the table,
-  each row coloured by pass/fail and each health cell by its status, then the notes, the checks
-  that did not run, every cause and fix, and the GPU health as in Markdown.
+  each row coloured by pass/fail and each health cell by its status, text wrapped only at spaces
+  (a status, version or figure never on two lines; each problem's cause beside it takes the width
+  left); then under ``Hosts`` a ``<details>`` per host with something to say (its problems with
+  their fixes, the checks that did not run, its GPU health findings), open when it failed or its
+  health needs a look; then the notes, each distinct one once with the hosts it applies to.
 * ``<run folder>/fleet-report.junit.xml``: JUnit XML for CI dashboards, one test suite with one test
   case per row and check (classname the row, name the check): passed, ``<failure>`` or
   ``<skipped message="not run: <reason>"/>``; a row without a verification document is the one
@@ -171,20 +177,47 @@ UNREACHABLE_FIX_OTHER = (
 UNREACHABLE_NO_MESSAGE = "unreachable or failed earlier in this run (see the run's output above)"
 
 
-def unreachable_problem(doc: dict[str, Any], host: str) -> dict[str, str]:
+# The check of a host stopped by a failed task before verification when the run kept no ``failed_check``.
+FAILED_CHECK = "failed"
+# gpu_verify_failed_check of the checks before any change (playbooks/tasks/checks.yml).
+PREFLIGHT = "preflight"
+
+
+def left_the_play(doc: Any) -> bool:
+    """Whether a host result is that of a host that left the play before verification: unreachable, or
+    stopped by a failed task (the filter gpu_verify_collect's document for it, no verification document)."""
+    if not isinstance(doc, dict):
+        return False
+    return bool(doc.get("unreachable")) or (bool(doc.get("failed")) and not any(key in doc for key in DOCUMENT_KEYS))
+
+
+def failed_problem(doc: dict[str, Any]) -> dict[str, str]:
+    """The one problem of a host stopped by a failed task before verification: failed in its check
+    (``failed_check``: ``preflight``, the checks before any change, or the step's role), never unreachable."""
+    check = str(doc.get("failed_check") or FAILED_CHECK)
+    if check == PREFLIGHT:
+        where = f"Host failed (check {PREFLIGHT}) before any change"
+    elif doc.get("failed_check"):
+        where = f"Host failed (step {check}) before verification"
+    else:
+        where = "Host failed before verification"
+    return {
+        "check": check,
+        "cause": f"{where}, at {doc['failed']}",
+        "fix": "fix what that task's message names (the run's output above has the task in full), then rerun",
+    }
+
+
+def left_problem(doc: dict[str, Any], host: str) -> dict[str, str]:
     """The one problem of a host that left the play before verification: Ansible's unreachable
     message (``error``) with the fix for its ``connection`` (default ssh), or the task that failed
-    (``failed``), or, when the run kept neither, a pointer to the run's output."""
+    (``failed``, :func:`failed_problem`), or, when the run kept neither, a pointer to the run's output."""
     connection = str(doc.get("connection") or "ssh")
     fix = UNREACHABLE_FIXES.get(connection, UNREACHABLE_FIX_OTHER).format(host=host, connection=connection)
     if doc.get("error"):
         return {"check": "unreachable", "cause": f"Host unreachable: {doc['error']}", "fix": fix}
     if doc.get("failed"):
-        return {
-            "check": "unreachable",
-            "cause": f"Host failed before verification, at {doc['failed']}",
-            "fix": "fix what that task's message names (the run's output above has the task in full), then rerun",
-        }
+        return failed_problem(doc)
     return {
         "check": "unreachable",
         "cause": f"Host {UNREACHABLE_NO_MESSAGE}.",
@@ -203,8 +236,8 @@ def host_problems(doc: Any, host: str = "<host>") -> list[dict[str, str]]:
                 "fix": "check the gpu_verify role's fetch step for this host",
             }
         ]
-    if doc.get("unreachable"):
-        return [unreachable_problem(doc, host)]
+    if left_the_play(doc):
+        return [left_problem(doc, host)]
     problems = [p for p in doc.get("problems") or [] if isinstance(p, dict)]
     if not problems and doc.get("ok") is not True:
         problems = [
@@ -298,7 +331,7 @@ NO_DOCUMENT_CHECK = "verification"
 
 def has_document(doc: Any) -> bool:
     """Whether a host result is a gpu_verify.py document (its checks ran or were tried)."""
-    return isinstance(doc, dict) and not doc.get("unreachable") and any(key in doc for key in DOCUMENT_KEYS)
+    return isinstance(doc, dict) and not left_the_play(doc) and any(key in doc for key in DOCUMENT_KEYS)
 
 
 def _gpu_count_outcome(doc: Any, _outcomes: dict[str, Any]) -> tuple[str, str | None]:
@@ -922,58 +955,78 @@ _HTML_TITLES = dict(COLUMNS, problems="problems (check: cause)")
 HTML_COLUMNS = tuple((key, _HTML_TITLES[key]) for key in HTML_FIRST) + tuple(
     c for c in COLUMNS if c[0] not in HTML_FIRST
 )
+# Cells that hold one value each (a status, a version, a figure): never wrapped.
+HTML_NOWRAP = ("status", "driver", "cuda", "cudnn", "tensorflow", "gpus", "replicas", "workers", "loss")
+HTML_NOWRAP += ("fit_seconds", "samples_per_second", "efficiency", "disk_gib", "lock")
+# Text wraps only at spaces, never inside a word or version (no ``overflow-wrap:anywhere``, whose break
+# opportunities also shrink a column's min-content width: CSS Text Module Level 3, section 5.5 "Overflow
+# Wrapping", https://www.w3.org/TR/css-text-3/#overflow-wrap-property).  Every column but the problems is as
+# narrow as its longest word, or its whole value where it is never wrapped (``width:1%``, the auto table
+# layout of CSS 2.1 section 17.5.2.2, https://www.w3.org/TR/CSS21/tables.html#auto-table-layout); the
+# problems take the rest of the width.
 HTML_STYLE = (
-    "body{font-family:sans-serif;font-size:13px;margin:1em}table{border-collapse:collapse;width:100%}"
-    "th,td{border:1px solid #bbb;padding:.25em .4em;text-align:left;vertical-align:top;overflow-wrap:anywhere}"
-    "th{background:#eee}td.problems{min-width:22em}td.lock{font-family:monospace}"
-    "span.default{background:#dde8ff;border-radius:3px;padding:0 .3em;margin-left:.3em;font-size:.9em}"
+    "body{font-family:sans-serif;font-size:13px;margin:.5em}table{border-collapse:collapse;width:100%}"
+    "table#fleet{font-size:11.5px}"
+    "th,td{border:1px solid #bbb;padding:.2em .25em;text-align:left;vertical-align:top;"
+    "overflow-wrap:normal;word-break:normal;hyphens:manual;width:1%}"
+    "th{background:#eee;font-size:10.5px}th.problems,td.problems{width:auto;min-width:16em}"
+    + ",".join(f"td.{key}" for key in HTML_NOWRAP)
+    + "{white-space:nowrap}td.lock{font-family:monospace;font-size:11px}"
+    "tr.carried td.status{min-width:5em;white-space:normal}span.w{white-space:nowrap}"
+    "span.default{background:#dde8ff;border-radius:3px;padding:0 .3em;margin-left:.3em;font-size:.9em;"
+    "white-space:nowrap}"
     "tr.pass td.status{background:#c8f0c8}tr.fail td.status{background:#f6c4c4}"
     "tr.fail{background:#fff4f4}li{margin:.3em 0}"
     "p#multiworker{padding:.3em .6em;display:inline-block}p#multiworker.pass{background:#c8f0c8}"
     "p#multiworker.fail{background:#f6c4c4}td.not_run{color:#7a5c00}tr.carried{color:#666;font-style:italic}"
-    "td.health{overflow-wrap:normal}span.health{display:inline-block;border-radius:3px;padding:0 .3em}"
+    "span.health{display:inline-block;border-radius:3px;padding:0 .3em}"
     "span.healthy{background:#c8f0c8}span.unhealthy{background:#f6c4c4}span.could-not-check{background:#ffe8b0}"
     "span.not-checked{color:#666}"
+    "details.host{margin:.3em 0;padding:.2em .5em;border-left:4px solid #c8f0c8}"
+    "details.host.fail{border-left-color:#f6c4c4}details.host summary{cursor:pointer}"
+    "details.host h3{font-size:1em;margin:.5em 0 .2em}span.hosts{color:#555}"
 )
+
+
+def _words(text: Any) -> str:
+    """``text`` escaped for a cell that wraps, each word that holds a character a line may break after
+    (``-``, ``/``, ``?``...: Unicode Standard Annex #14, "Unicode Line Breaking Algorithm",
+    https://www.unicode.org/reports/tr14/) kept on one line; the cell wraps only at spaces."""
+    return " ".join(
+        html.escape(word)
+        if not word or word.strip("(),.:;").isalnum()
+        else f'<span class="w">{html.escape(word)}</span>'
+        for word in str(text).split(" ")
+    )
 
 
 def _html_cell(row: dict[str, Any], key: str, problems: list[tuple[str, dict[str, str]]]) -> str:
     """One cell of the HTML table: the host with a ``default`` mark on its default stack's row, each
-    problem's check with its cause beside the status (the fixes are listed below the table)."""
-    esc = html.escape
+    problem's check with its cause beside the status (the fixes are in the host's details)."""
     if key == "host":
-        return esc(str(row["host"])) + ('<span class="default">default</span>' if row.get("default_stack") else "")
+        return _words(row["host"]) + ('<span class="default">default</span>' if row.get("default_stack") else "")
     if key == "health":
         status = str(row["health"]).partition(" (")[0].replace(" ", "-")
-        return f'<span class="health {esc(status)}">{esc(str(row["health"]))}</span>'
-
+        return f'<span class="health {html.escape(status)}">{_words(row["health"])}</span>'
     if key == "problems":
         mine = [p for where, p in problems if where == row["host"]]
         if mine:
-            return "<br>".join(f"<b>{esc(str(p.get('check')))}</b>: {esc(str(p.get('cause')))}" for p in mine)
-    return esc(str(row[key]))
+            return "<br>".join(f"<b>{_words(p.get('check'))}</b>: {_words(p.get('cause'))}" for p in mine)
+    return html.escape(str(row[key])) if key in HTML_NOWRAP else _words(row[key])
 
 
 def format_html(report: dict[str, Any]) -> str:
-    """Self-contained HTML page (inline CSS, no scripts): the table with a pass/fail colour per
-    row, then the notes and every problem with its fix."""
+    """Self-contained HTML page (inline CSS, no scripts): the table with a pass/fail colour per row,
+    then each host's details folded (:func:`_hosts_html`), then each distinct note once with the
+    hosts it applies to (:func:`_notes_html`)."""
     esc = html.escape
     summary = report["summary"]
-    head = "".join(f"<th>{esc(t)}</th>" for _key, t in HTML_COLUMNS)
-    notes, problems, not_run = _details(report)
+    head = "".join(f'<th class="{key}">{esc(t)}</th>' for key, t in HTML_COLUMNS)
+    _notes, problems, not_run = _details(report)
     rows = []
-    for row in _rows(report):
+    for row in _html_rows(report):
         cells = "".join(f'<td class="{key}">{_html_cell(row, key, problems)}</td>' for key, _title in HTML_COLUMNS)
         rows.append(f'<tr class="{"carried" if row.get("carried") else row["status"].lower()}">{cells}</tr>')
-    items = "".join(
-        f"<li><b>{esc(where)}</b> <code>{esc(str(p.get('check')))}</code>: {esc(str(p.get('cause')))}"
-        f"<br>Fix: {esc(str(p.get('fix')))}</li>"
-        for where, p in problems
-    )
-    skipped = "".join(
-        f"<li><b>{esc(where)}</b> <code>{esc(check)}</code>: not run: {esc(reason)}</li>"
-        for where, check, reason in not_run
-    )
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>GPU fleet report</title>'
         f"<style>{HTML_STYLE}</style></head><body>\n<h1>GPU fleet report</h1>\n"
@@ -988,25 +1041,126 @@ def format_html(report: dict[str, Any]) -> str:
         + f'<table id="fleet"><thead><tr>{head}</tr></thead><tbody>\n'
         + "\n".join(rows)
         + "\n</tbody></table>\n"
-        + (("<h2>Notes</h2><ul>" + "".join(f"<li>{esc(n)}</li>" for n in notes) + "</ul>\n") if notes else "")
-        + (f'<h2>Not run</h2><ul id="not-run">{skipped}</ul>\n' if not_run else "")
-        + (f"<h2>Problems</h2><ul>{items}</ul>\n" if problems else "")
-        + _health_html(report)
+        + _hosts_html(report, problems, not_run)
+        + _notes_html(report)
         + "</body></html>\n"
     )
 
 
-def _health_html(report: dict[str, Any]) -> str:
-    """The HTML report's ``GPU health`` section: each host unhealthy (its findings: check, bus id, cause,
-    fix) or not checkable (why, and the fix); empty when there is none."""
+def _html_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """The rows of :func:`_rows`, a host's carried over from an earlier report with its status in
+    short (``NOT IN THIS RUN``, ``SKIPPED``) and the whole of it (why, when last seen and how) in the
+    problems column."""
+    short = {
+        row["host"]: str(host["status"])
+        for host in report["hosts"].values()
+        if host.get("carried_over")
+        for row in host["rows"]
+    }
+    return [
+        dict(row, status=short.get(row["host"], row["status"]), problems=row["status"]) if row.get("carried") else row
+        for row in _rows(report)
+    ]
+
+
+def shared_notes(report: dict[str, Any]) -> list[tuple[str, list[str]]]:
+    """Each distinct note of the report once, with whom it applies to, in the order first seen:
+    ``(note, [host or row label, ...])``; a note every stack of a host has names the host."""
+    grouped: dict[str, list[str]] = {}
+    for name, host in report["hosts"].items():
+        labels = [row["host"] for row in host["rows"]] if len(host["rows"]) > 1 else []
+        for note in host["mode_notes"]:
+            label, sep, text = note.partition(": ")  # a note of one stack starts with its row's label
+            who, text = (label, text) if sep and label in labels else (name, note)
+            grouped.setdefault(text, []).append(who)
+    return [(text, _whole_hosts(report, whom)) for text, whom in grouped.items()]
+
+
+def _whole_hosts(report: dict[str, Any], whom: list[str]) -> list[str]:
+    """``whom`` (hosts and row labels) in report order, a host whose every stack is in it named once."""
+    named = []
+    for name, host in report["hosts"].items():
+        labels = [row["host"] for row in host["rows"]]
+        mine = [who for who in whom if who == name or who in labels]
+        named += [name] if len(labels) > 1 and set(labels) <= set(mine) else mine
+    return named
+
+
+def _notes_html(report: dict[str, Any]) -> str:
+    """The HTML report's ``Notes``: a note of one host or stack as ``<host>: <note>``, a note several
+    share once, followed by them (``all N hosts`` when it is every host's)."""
     esc = html.escape
-    hosts = "".join(
-        f"<li><b>{esc(name)}</b>: {esc(headline)}<ul>"
-        + "".join(f"<li><code>{esc(what)}</code>: {esc(cause)}<br>Fix: {esc(fix)}</li>" for what, cause, fix in items)
-        + "</ul></li>"
-        for name, headline, items in health_details(report)
-    )
-    return f'<h2>GPU health</h2><ul id="health">{hosts}</ul>\n' if hosts else ""
+    items = []
+    for text, whom in shared_notes(report):
+        if len(whom) == 1:
+            items.append(f"<li>{esc(whom[0])}: {esc(text)}</li>")
+            continue
+        kind = "hosts" if set(whom) <= set(report["hosts"]) else "hosts and stacks"
+        every = set(whom) == set(report["hosts"])
+        hosts = f"all {len(whom)} hosts" if every else f"{len(whom)} {kind}: " + ", ".join(whom)
+        items.append(f'<li>{esc(text)} <span class="hosts">({_words(hosts)})</span></li>')
+    return f'<h2>Notes</h2><ul id="notes">{"".join(items)}</ul>\n' if items else ""
+
+
+def _hosts_html(
+    report: dict[str, Any], problems: list[tuple[str, dict[str, str]]], not_run: list[tuple[str, str, str]]
+) -> str:
+    """The HTML report's ``Hosts``: a ``<details>`` per host with something to say (its problems with
+    their fixes, the checks that did not run, its GPU health findings), open when the host failed or
+    its GPU health needs a look, folded otherwise (HTML Living Standard, 4.11.1 "The details element",
+    https://html.spec.whatwg.org/multipage/interactive-elements.html#the-details-element)."""
+    esc = html.escape
+    health = {name: (headline, items) for name, headline, items in health_details(report)}
+    parts = []
+    for name, host in report["hosts"].items():
+        labels = {name} | {row["host"] for row in host["rows"]}
+        mine = [(where, p) for where, p in problems if where in labels]
+        skipped = [(where, check, reason) for where, check, reason in not_run if where in labels]
+        if not (mine or skipped or name in health):
+            continue
+        said = [_count(len(mine), "problem")] if mine else []
+        said += [_count(len(skipped), "check") + " not run"] if skipped else []
+        said += [f"GPU health {health_cell(host.get('health'))}"] if name in health else []
+        failed = host["status"] == "FAIL"
+        parts.append(
+            f'<details class="host {"fail" if failed or name in health else "pass"}" id="host-{esc(name)}"'
+            + (" open" if failed or name in health else "")
+            + f"><summary><b>{esc(name)}</b> {esc(str(host['status']))}: {esc(', '.join(said))}</summary>\n"
+            + _host_parts_html(mine, skipped, health.get(name))
+            + "</details>\n"
+        )
+    return "<h2>Hosts</h2>\n" + "".join(parts) if parts else ""
+
+
+def _host_parts_html(
+    problems: list[tuple[str, dict[str, str]]],
+    not_run: list[tuple[str, str, str]],
+    health: tuple[str, list[tuple[str, str, str]]] | None,
+) -> str:
+    """The inside of a host's ``<details>``: its problems (cause and fix), the checks that did not
+    run (why) and its GPU health (the headline, then each finding's cause and fix)."""
+    esc = html.escape
+    out = ""
+    if problems:
+        out += '<h3>Problems</h3><ul class="problems">' + "".join(
+            f"<li><b>{esc(where)}</b> <code>{esc(str(p.get('check')))}</code>: {esc(str(p.get('cause')))}"
+            f"<br>Fix: {esc(str(p.get('fix')))}</li>"
+            for where, p in problems
+        )
+        out += "</ul>\n"
+    if not_run:
+        out += '<h3>Not run</h3><ul class="not-run">' + "".join(
+            f"<li><b>{esc(where)}</b> <code>{esc(check)}</code>: not run: {esc(reason)}</li>"
+            for where, check, reason in not_run
+        )
+        out += "</ul>\n"
+    if health:
+        headline, items = health
+        out += f'<h3>GPU health</h3><p class="health">{esc(headline)}</p><ul class="health">' + "".join(
+            f"<li><code>{esc(what)}</code>: {esc(cause)}<br>Fix: {esc(fix)}</li>" for what, cause, fix in items
+        )
+        out += "</ul>\n"
+    return out
 
 
 def _junit_case(suite: ET.Element, row: dict[str, Any], check: str, found: list[dict[str, str]]) -> str:

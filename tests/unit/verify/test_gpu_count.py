@@ -198,7 +198,7 @@ def test_check_gpus_looks_whether_it_runs_in_a_container(monkeypatch: pytest.Mon
 
 def test_nvidia_smi_not_found_and_timeout() -> None:
     doc = gpu_count.evaluate(2, CommandResult(None, "", "", "not-found"), "/opt/none/nvidia-smi")
-    assert "not found" in doc["problems"][0]["cause"] and "/opt/none/nvidia-smi" in doc["problems"][0]["cause"]
+    assert doc["problems"][0]["cause"].startswith("/opt/none/nvidia-smi does not exist or is not executable;")
     doc = gpu_count.evaluate(2, CommandResult(None, "", "", "timeout"))
     assert "did not answer" in doc["problems"][0]["cause"]
 
@@ -242,7 +242,31 @@ def test_cli_exit_6_from_fake_nvidia_smi(tmp_path: Path) -> None:
 
 def test_cli_missing_binary(tmp_path: Path) -> None:
     doc = gpu_count.check_gpus(1, str(tmp_path / "absent"), timeout=10, lspci=None)
-    assert doc["ok"] is False and "not found" in doc["error"]
+    assert doc["ok"] is False and doc["error"].startswith(f"{tmp_path / 'absent'} does not exist or is not executable")
+
+
+def test_a_missing_nvidia_smi_is_named_not_installed_with_the_path_it_was_looked_for_on(monkeypatch) -> None:
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    doc = gpu_count.evaluate(2, CommandResult(None, "", "", "not-found"))
+    assert doc["problems"][0]["cause"] == (
+        "nvidia-smi is not installed (not on PATH (/usr/bin:/bin)); no NVIDIA driver user space on this host."
+    )
+
+
+def test_fixes_say_to_install_pciutils_before_lspci_on_a_host_without_it() -> None:
+    no_devices = CommandResult(6, "No devices were found\n", "", None)
+    without = gpu_count.evaluate(2, no_devices, lspci_missing=True)["problems"][0]["fix"]
+    assert "check `lspci -d 10de:` (install pciutils first: this host has no lspci) and" in without
+    assert "(install pciutils" not in gpu_count.evaluate(2, no_devices)["problems"][0]["fix"]
+
+
+def test_check_gpus_knows_a_host_without_lspci(tmp_path: Path, monkeypatch) -> None:
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 'No devices were found'\nexit 6\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    doc = gpu_count.check_gpus(1, str(smi), timeout=10, lspci="lspci")
+    assert "(install pciutils first: this host has no lspci)" in doc["problems"][0]["fix"]
 
 
 def test_cli_usage_error_exits_2() -> None:

@@ -4,12 +4,16 @@ defaults, templated), in real ansible-playbook runs."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
 from ansible_collections.gpu_fleet.tf_hosts.plugins.action import gpu_option_checks
+from ansible_collections.gpu_fleet.tf_hosts.plugins.callback import host_failures
+from ansible_collections.gpu_fleet.tf_hosts.plugins.lookup.collection_path import option_names, role_names
 from helpers import localhost_playbook
 
 ROOT = Path(__file__).resolve().parents[4]
@@ -133,3 +137,63 @@ def test_an_option_without_value_or_default_is_none():
     )
     assert values == {"gpu_verify_expected_gpu_count": None, "gpu_verify_timeout": 600}
     assert json.dumps(values)  # plain data, as the rules read it
+
+
+# --- variables that start with a role's name and are no option of it --------------------------------------------
+
+
+def test_a_misspelt_role_variable_stops_the_host_naming_the_closest_option(tmp_path):
+    """Ansible ignores a variable no task reads: nvidia_driver_versoin would leave the default driver in place."""
+    rc, out = _play(tmp_path, {"gpu_verify_expected_gpu_count": 2, "nvidia_driver_versoin": "535.104.05"})
+    assert rc != 0
+    assert (
+        "nvidia_driver_versoin is no option of the role nvidia_driver, so it would change nothing (did you mean "
+        "nvidia_driver_version?). Correct its name, or remove it from the inventory or the -e command line." in out
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "meaning"),
+    [
+        ("tf_venv_pip_idx_url", "did you mean tf_venv_pip_index_url?"),
+        ("gpu_rollout_serail", "did you mean gpu_rollout_serial?"),
+        ("gpu_preflight_stack", "did you mean gpu_preflight_stacks?"),
+        ("gpu_env_switch_defaults", "did you mean gpu_env_switch_default?"),  # an option of entry point switch
+        ("cudnn_zzz", "its options: roles/cudnn/README.md"),
+    ],
+)
+def test_every_roles_prefix_is_checked_against_every_entry_point(name, meaning):
+    (message,) = gpu_option_checks.unknown_variables([name, "gpu_verify_timeout", "gpu_env_switch_default"])
+    assert message.startswith(f"{name} is no option of the role ") and f"({meaning})" in message
+
+
+def test_internal_names_published_facts_and_other_names_are_no_misspellings():
+    names = ["__nvidia_driver_plan", "gpu_preflight_resolved_stacks", "gpu_verify_failed_reason", "gpus", "cuda"]
+    assert gpu_option_checks.unknown_variables(names) == []
+
+
+def _house_map():
+    spec = importlib.util.spec_from_file_location("house_map", ROOT / "tools" / "house_map.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["house_map"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_name_the_run_sets_is_known_to_be_no_misspelling():
+    """A fact a role publishes (docs/architecture_map.md) or a playbook's play variable is among a host's variables
+    when the checks run in a later batch (reprovision.yml) or play: never named as a misspelt option."""
+    house = _house_map().measure(ROOT)
+    play_vars = {
+        name
+        for path in ROOT.glob("playbooks/*.yml")
+        for play in yaml.safe_load(path.read_text()) or []
+        for name in (play.get("vars") or {})
+    }
+    assert gpu_option_checks.unknown_variables({*house.writers, *play_vars}) == []
+    options = set().union(*(option_names(role) for role in role_names()))
+    assert gpu_option_checks.run_variables().isdisjoint(options)
+
+
+def test_the_callbacks_notes_are_no_misspellings():
+    assert {host_failures.UNREACHABLE_VAR, host_failures.FAILED_VAR} <= gpu_option_checks.run_variables()

@@ -1,5 +1,6 @@
 """gpu_run_lock: when another run's lock is stale, how a holder is named, the host's module taking and
-giving back the lock, and the whole action in real ansible-playbook runs on this machine."""
+giving back the lock, the whole action in real ansible-playbook runs on this machine, and where the
+collection's playbooks take it and give it back (playbooks/tasks/give_back_run_lock.yml, in real runs too)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 from ansible_collections.gpu_fleet.tf_hosts.plugins.action import gpu_run_lock
 from ansible_collections.gpu_fleet.tf_hosts.plugins.modules import gpu_run_lock as module
 from helpers import localhost_playbook, localhost_playbook_started
@@ -270,3 +272,85 @@ def test_the_lock_entry_points_options_have_documented_defaults():
 
     assert documented_default("gpu_preflight_run_lock_max_age") == 43200
     assert documented_default("gpu_preflight_run_lock_wait") == 300
+
+
+# --- where the playbooks take and give back the lock ---------------------------------------------------
+
+GIVE_BACK = "tasks/give_back_run_lock.yml"
+# Each play of these playbooks may run while this run holds the lock (site.yml imports the phase playbooks).
+HOLDING_PLAYBOOKS = ("preflight.yml", "driver.yml", "cuda.yml", "tensorflow.yml", "verify.yml", "reprovision.yml")
+
+
+def _playbook_plays(name: str) -> list[dict]:
+    return [play for play in yaml.safe_load((ROOT / "playbooks" / name).read_text()) if "hosts" in play]
+
+
+def test_the_lock_is_given_back_in_one_place_and_taken_in_one_place_after_the_last_check():
+    """One task file gives the lock back and checks.yml takes it, last; no playbook calls the action itself."""
+    calls = {
+        str(path.relative_to(ROOT)): path.read_text().count("gpu_fleet.tf_hosts.gpu_run_lock:")
+        for path in sorted((ROOT / "playbooks").rglob("*.yml"))
+    }
+    assert {path: count for path, count in calls.items() if count} == {
+        "playbooks/tasks/checks.yml": 1,
+        "playbooks/tasks/give_back_run_lock.yml": 1,
+    }
+    checks = yaml.safe_load((ROOT / "playbooks/tasks/checks.yml").read_text())
+    assert checks[-1]["gpu_fleet.tf_hosts.gpu_run_lock"] == {"state": "present"}
+    assert checks[-1]["register"] == "gpu_preflight_run_lock"
+
+
+@pytest.mark.parametrize("name", HOLDING_PLAYBOOKS)
+def test_every_play_that_may_hold_the_lock_gives_it_back_in_an_always_around_all_its_tasks(name):
+    """A host can fail only in a task or a handler: each play holds its tasks in one block (handlers flushed
+    inside it), whose `always` gives the lock back, so a failed host gives it back in the play it fails in,
+    also when every host fails and Ansible runs no later play."""
+    for play in _playbook_plays(name):
+        assert "roles" not in play or name == "reprovision.yml", f"{name}: a role outside the block"
+        (block,) = play["tasks"]
+        assert block["always"][0]["ansible.builtin.import_tasks"] == GIVE_BACK, name
+
+
+FAILING_PLAY = """\
+- hosts: localhost
+  gather_facts: false
+  vars: {{gpu_preflight_run_lock_path: {lock}}}
+  tasks:
+    - name: Take the lock, then {what}
+      block:
+        - name: Take
+          gpu_fleet.tf_hosts.gpu_run_lock:
+          register: gpu_preflight_run_lock
+        - name: Install
+          ansible.builtin.fail: {{msg: the installer failed}}
+          when: {fail}
+      always:
+        - name: Give back
+          ansible.builtin.import_tasks: {give_back}
+          vars: {{__gpu_run_lock_last: {last}}}
+- hosts: localhost
+  gather_facts: false
+  tasks:
+    - name: The next play
+      ansible.builtin.debug: {{msg: NEXT PLAY RAN}}
+"""
+
+
+@pytest.mark.parametrize(
+    "fail, last, given_back",
+    [(True, False, True), (False, False, False), (False, True, True)],
+    ids=["a failed host gives it back", "a passing host keeps it", "the last play gives it back"],
+)
+def test_the_give_back_in_a_real_run(tmp_path, fail, last, given_back):
+    """The give-back task file in a play's `always`: a host that failed gives the lock back even though
+    its failure (every host of the play) ends the run before the next play; a passing host keeps it until
+    the play that ends the run."""
+    lock = tmp_path / "lock" / "run.lock"
+    playbook = tmp_path / "phase.yml"
+    what = "fail" if fail else "pass"
+    give_back = ROOT / "playbooks" / GIVE_BACK
+    playbook.write_text(FAILING_PLAY.format(lock=lock, what=what, fail=fail, last=last, give_back=give_back))
+    run = localhost_playbook(playbook)
+    assert (run.returncode != 0) == fail, run.stdout + run.stderr
+    assert ("NEXT PLAY RAN" in run.stdout) == (not fail)
+    assert lock.exists() != given_back, run.stdout[-3000:]

@@ -101,6 +101,14 @@ def test_a_stack_that_cannot_be_resolved_stops_with_its_fix_and_publishes_nothin
     assert "pci_count" not in out and "resolution" not in out
 
 
+def test_the_problems_of_a_stop_read_as_sentences_not_as_a_list(tmp_path):
+    stacks = [{"name": "tf2.15", "tensorflow": "2.15", "cudnn": "8.6"}, {"name": "tf2.12", "tensorflow": "2.12.9"}]
+    rc, out, _ = _play(tmp_path, {"gpu_preflight_stacks": stacks, "gpu_preflight_stack_registry": _registry(tmp_path)})
+    assert rc != 0
+    assert "(gpu_preflight_manifest_overlays). tf2.12: TensorFlow 2.12.9 is not in the version matrix" in out
+    assert "['tf2.15" not in out
+
+
 def test_a_missing_matrix_is_named_with_the_variable_to_fix(tmp_path):
     variables = {"gpu_preflight_stacks": TWO, "gpu_preflight_matrix_file": str(tmp_path / "nope.yml")}
     rc, out, _ = _play(tmp_path, variables)

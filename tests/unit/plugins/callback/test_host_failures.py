@@ -69,6 +69,13 @@ def test_message_without_msg_is_the_last_stderr_line_or_the_rc() -> None:
     assert host_failures.result_message({}) == "no message"
 
 
+def test_a_list_of_messages_reads_as_sentences() -> None:
+    data = {"msg": ["4 GPUs expected, 2 seen. Reseat them.", "Tasks run as deploy, not root. Become root."]}
+    assert host_failures.result_message(data) == (
+        "4 GPUs expected, 2 seen. Reseat them. Tasks run as deploy, not root. Become root."
+    )
+
+
 def test_message_is_bounded() -> None:
     text = host_failures.result_message({"msg": "x" * 2000})
     assert len(text) == host_failures.MAX_CHARS and text.endswith("…")
@@ -81,6 +88,7 @@ def test_unreachable_keeps_the_message_and_clears_an_earlier_failure() -> None:
     assert result.host.vars == {
         "gpu_verify_unreachable_reason": "Failed to connect to the host via ssh: Connection refused",
         "gpu_verify_failed_reason": None,
+        "gpu_verify_failed_check": None,
     }
 
 
@@ -94,6 +102,40 @@ def test_failure_keeps_the_task_and_message_unless_errors_are_ignored() -> None:
     assert failed.host.vars["gpu_verify_failed_reason"] == (
         "task 'Check the driver': Action failed: CUDA 12.2 needs driver >= 535.54.03"
     )
+    assert failed.host.vars["gpu_verify_unreachable_reason"] is None
+
+
+class FakeRole:
+    def get_name(self, include_role_fqcn: bool = True) -> str:
+        return "gpu_fleet.tf_hosts.nvidia_driver" if include_role_fqcn else "nvidia_driver"
+
+
+class FakeTask:
+    def __init__(self, task_vars: dict, role: FakeRole | None = None) -> None:
+        self._vars, self._role = task_vars, role
+
+    def get_vars(self) -> dict:
+        return self._vars
+
+
+def test_a_failure_keeps_its_check_the_imports_name_else_its_role() -> None:
+    """A preflight stop is kept as failed in check preflight (the variable its import sets), whatever role
+    the task is of; another task's failure as failed in its role; a task of no role and no check: None."""
+    callback = host_failures.CallbackModule()
+    cases = [
+        (FakeTask({"__gpu_check": "preflight"}, FakeRole()), "preflight"),
+        (FakeTask({}, FakeRole()), "nvidia_driver"),
+        (FakeTask({}), None),
+        (None, None),
+    ]
+    for task, check in cases:
+        failed = _result({"msg": "4 GPUs expected, nvidia-smi sees 2"}, "Stop this host")
+        failed.task = task
+        callback.v2_runner_on_failed(failed)
+        assert failed.host.vars["gpu_verify_failed_check"] == check
+    # An unreachable host later in the run: its check goes, it was not stopped by one.
+    callback.v2_runner_on_unreachable(failed)
+    assert failed.host.vars["gpu_verify_failed_check"] is None
 
 
 PLAYBOOK = """
@@ -103,10 +145,14 @@ PLAYBOOK = """
   tasks:
     - name: Ping
       ansible.builtin.ping:
-    - name: Fail on one host
-      ansible.builtin.fail:
-        msg: the disk is full
-      when: inventory_hostname == 'failer'
+    - name: The checks, as playbooks/preflight.yml imports them
+      vars:
+        __gpu_check: preflight
+      block:
+        - name: Fail on one host
+          ansible.builtin.fail:
+            msg: the disk is full
+          when: inventory_hostname == 'failer'
 - name: Read what the callback kept
   hosts: reader
   gather_facts: false
@@ -155,7 +201,9 @@ def test_a_real_run_keeps_the_messages_for_a_later_play(tmp_path: Path) -> None:
     assert kept["failer"] == {
         "gpu_verify_failed_reason": "task 'Fail on one host': the disk is full",
         "gpu_verify_unreachable_reason": None,
+        "gpu_verify_failed_check": "preflight",
     }
+    assert kept["dead"]["gpu_verify_failed_check"] is None
 
 
 def test_a_result_of_ansible_core_before_2_19_is_read_from_its_private_attributes() -> None:

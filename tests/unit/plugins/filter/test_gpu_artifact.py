@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import lzma
+from pathlib import Path
 
 import pytest
 import yaml
@@ -11,6 +12,7 @@ from ansible_collections.gpu_fleet.tf_hosts.plugins.filter.gpu_artifact import (
     stack_artifact_problems,
 )
 
+ROOT = Path(__file__).resolve().parents[4]
 XZ = "cudnn-linux-x86_64-8.6.0.163_cuda11-archive.tar.xz"
 TGZ = "cudnn-11.2-linux-x64-v8.1.1.33.tgz"
 RUN = "cuda_11.8.0_520.61.05_linux.run"
@@ -107,8 +109,8 @@ def test_needed_names_each_file_once_and_driver_runfiles_last():
     assert [r["file"] for r in gpu_artifacts_needed([[one], [one]], drivers)] == [RUN, XZ, "d.run"]
 
 
-def _problem(tmp_path, stat, outcome, **settings):
-    checked = [{"item": _record(), "stat": stat}]
+def _problem(tmp_path, stat, outcome, manifest="/m/artifacts.yml", **settings):
+    checked = [{"item": dict(_record(), manifest=manifest), "stat": stat}]
     settings = {"controller_dir": str(tmp_path), "mirror_url": "", "proxy": {}, **settings}
     return gpu_artifacts_problems(checked, [outcome], settings).get(RUN, "")
 
@@ -131,6 +133,17 @@ def test_a_wrong_file_names_both_hashes(tmp_path):
         f"{RUN} has sha256 {OTHER}, but /m/artifacts.yml pins {PIN}. The file is corrupt or not the one pinned: "
         "download it again and compare, or correct the pin in /m/artifacts.yml if you verified the new file. "
         "Nothing was installed."
+    )
+
+
+def test_a_wrong_file_pinned_by_the_collections_own_manifest_is_pinned_in_an_overlay_not_there(tmp_path):
+    """data/artifacts.yml is replaced on upgrade: a verified new file is pinned in the user's overlay."""
+    builtin = str(ROOT / "data" / "artifacts.yml")
+    assert _problem(tmp_path, {"exists": True, "checksum": OTHER}, {"skipped": True}, manifest=builtin) == (
+        f"{RUN} has sha256 {OTHER}, but {builtin} pins {PIN}. The file is corrupt or not the one pinned: download it "
+        f"again and compare. If you verified the new file, pin it in an overlay manifest of your own (an entry for "
+        f"{RUN} with its sha256, in a file listed in gpu_preflight_manifest_overlays): {builtin} is the collection's "
+        "own, and an upgrade replaces it. Nothing was installed."
     )
 
 

@@ -383,7 +383,7 @@ def test_every_check_fires_in_order_with_its_exact_messages():
     )
     names = (
         "root, os, venv_occupied, disk, noexec, nouveau, secure_boot, kernel_headers, reboot_local, gpus_busy, "
-        "installer_running, gpu_count, kernel_module, mixed_models, pcie_width, nvlink"
+        "installer_running, pci_devices, gpu_count, kernel_module, mixed_models, pcie_width, nvlink"
     )
     skip_fix = f'Use the names {names}, as a list: -e \'{{"gpu_preflight_skip_checks": ["disk"]}}\'.'
     assert result["problems"][3:] == [
@@ -457,7 +457,7 @@ def test_hardware_advice_exact_messages():
 def test_check_table_messages_and_names_agree():
     running_order = (
         "root os venv_occupied disk noexec nouveau secure_boot kernel_headers reboot_local installer_running gpus_busy"
-        " gpu_count kernel_module mixed_models pcie_width nvlink"
+        " pci_devices gpu_count kernel_module mixed_models pcie_width nvlink"
     )
     assert [name for name, _check, _scope in gpu_host.CHECKS] == running_order.split()
     assert {name for name, _check, _scope in gpu_host.CHECKS} == set(gpu_host.HOST_CHECKS)
@@ -570,11 +570,60 @@ def test_gpu_count_with_nothing_readable_says_so_and_can_be_skipped():
     blind = {"source": "none", "count": 0, "gpus": [], "pci_source": "none", "pci_count": None, "pci_gpus": []}
     result = gpu_host.check_host(facts(gpus=blind, expected_gpu_count=1))
     assert [p["cause"] for p in result["problems"]] == [
-        "1 GPUs expected, 0 seen: nvidia-smi gave no list, the PCI bus could not be read; bus IDs seen: none."
+        "1 GPUs expected, 0 seen: nvidia-smi gave no list; the PCI bus could not be read; bus IDs seen: none."
     ]
     skipped = gpu_host.check_host(facts(gpus=blind, expected_gpu_count=1), {"skip_checks": ["gpu_count"]})
     assert skipped["ok"] is True
     assert checks(skipped, "overridden") == ["gpu_count"]
+
+
+NO_SMI = "nvidia-smi is not installed (not on PATH (/usr/bin:/bin) nor in /sbin, /usr/sbin, /usr/local/sbin)"
+
+
+def test_gpu_count_names_what_each_source_read_and_why_it_gave_nothing():
+    blind = {
+        "source": "none",
+        "count": 0,
+        "gpus": [],
+        "pci_source": "none",
+        "pci_count": None,
+        "pci_gpus": [],
+        "nvidia_smi_problem": NO_SMI,
+        "pci_devices_problem": "/srv/pci does not exist",
+        "lspci_path": None,
+    }
+    [count] = [
+        p for p in gpu_host.check_host(facts(gpus=blind, expected_gpu_count=2))["problems"] if p["check"] == "gpu_count"
+    ]
+    assert count["cause"] == (
+        f"2 GPUs expected, 0 seen: {NO_SMI}; the PCI bus could not be read: /srv/pci does not exist "
+        "(gpu_preflight_pci_devices_path) and lspci is not installed (pciutils); bus IDs seen: none."
+    )
+    # No lspci on the host: the fix says to install pciutils before suggesting it.
+    assert "(`lspci -nn -d 10de:` (install pciutils first: this host has no lspci) lists what" in count["fix"]
+    with_lspci = dict(blind, lspci_path="/usr/bin/lspci", pci_devices_problem=None)
+    [count] = gpu_host.check_host(facts(gpus=with_lspci, expected_gpu_count=2))["problems"]
+    assert count["cause"].endswith("the PCI bus could not be read: lspci failed; bus IDs seen: none.")
+    assert "(`lspci -nn -d 10de:` lists what the PCI bus shows)" in count["fix"]
+
+
+def test_a_pci_folder_that_gives_nothing_stops_the_host_naming_it_and_its_variable():
+    gpus = {"source": "nvidia-smi", "count": 2, "gpus": [], "pci_source": "lspci", "pci_count": 2, "pci_gpus": []}
+    result = gpu_host.check_host(facts(gpus=dict(gpus, pci_devices_problem="/srv/pci does not exist")))
+    assert result["problems"] == [
+        {
+            "check": "pci_devices",
+            "cause": "/srv/pci does not exist (gpu_preflight_pci_devices_path): the GPU count check reads the GPUs on "
+            "the PCI bus there, before any driver can list them; lspci listed them instead.",
+            "fix": "Set gpu_preflight_pci_devices_path to /sys/bus/pci/devices (the default; leave it out of the "
+            "inventory) or to a folder of the same layout (<bus id>/vendor, device, class).",
+        }
+    ]
+    assert gpu_host.check_host(facts(gpus=gpus))["ok"] is True
+    skipped = gpu_host.check_host(
+        facts(gpus=dict(gpus, pci_devices_problem="/srv/pci is empty")), {"skip_checks": ["pci_devices"]}
+    )
+    assert skipped["ok"] is True
 
 
 # --- secure_boot: a configured signing pair, DKMS's key, or neither ------------------------------------

@@ -270,3 +270,42 @@ def test_the_filter_names_missing_pins_only_when_asked_for_the_whole_lock(tmp_pa
         "no locked wheel of numpy==1.24.3",
         "no locked wheel of six==1.17.0",
     ]
+
+
+# --- a wheel counts only for the Python and architecture of the host (PEP 425 tags) -------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "python", "arch", "fits"),
+    [
+        ("six-1.17.0-py2.py3-none-any.whl", "3.11", "x86_64", True),
+        ("numpy-1.24.3-cp311-cp311-manylinux_2_17_x86_64.manylinux2014_x86_64.whl", "3.11.4", "x86_64", True),
+        ("numpy-1.24.3-cp311-cp311-manylinux_2_17_x86_64.manylinux2014_x86_64.whl", "3.10", "x86_64", False),
+        ("numpy-1.24.3-cp311-cp311-manylinux_2_17_x86_64.manylinux2014_x86_64.whl", "3.11", "aarch64", False),
+        ("numpy-1.24.3-cp311-cp311-macosx_11_0_arm64.whl", "3.11", "x86_64", False),
+        ("numpy-1.24.3-cp311-cp311-win_amd64.whl", "3.11", "x86_64", False),
+        ("cryptography-42.0.0-cp39-abi3-manylinux_2_28_aarch64.whl", "3.11", "aarch64", True),
+        ("cryptography-42.0.0-cp312-abi3-manylinux_2_28_aarch64.whl", "3.11", "aarch64", False),
+        ("wrapt-1.14.1-cp311-cp311-linux_x86_64.whl", "3.11", "x86_64", True),
+        ("typing_extensions-4.5.0-py3-none-any.whl", "3.8", "aarch64", True),
+        ("oldlib-1.0-py312-none-any.whl", "3.11", "x86_64", False),
+        ("numpy-1.24.3-cp311-cp311-manylinux_2_17_x86_64.whl", "", "", True),
+        ("numpy-1.24.3.tar.gz", "", "", False),
+    ],
+)
+def test_a_wheel_fits_the_hosts_cpython_and_architecture(name, python, arch, fits):
+    assert gpu_lock.wheel_fits(name, python, arch) is fits
+
+
+def test_a_locked_wheel_for_another_platform_does_not_hold_its_pin():
+    # Both files are locked (a lock lists every platform's wheel); only the host's counts.
+    wheels = {
+        "six-1.17.0-py2.py3-none-any.whl": SIX_SHA,
+        "numpy-1.24.3-cp311-cp311-macosx_11_0_arm64.whl": NUMPY_SHA,
+    }
+    assert gpu_lock.wheelhouse_missing(WHEEL_LOCK, wheels) == []
+    assert gpu_lock.wheelhouse_missing(WHEEL_LOCK, wheels, "3.11", "x86_64") == ["numpy==1.24.3"]
+    found = [{"path": f"/w/{name}", "checksum": digest} for name, digest in wheels.items()]
+    assert lock_filters.gpu_lock_wheelhouse(WHEEL_LOCK, found, True, "3.11", "x86_64") == [
+        "no locked wheel of numpy==1.24.3"
+    ]

@@ -49,6 +49,7 @@ def test_collect_lists_every_host_with_stacks_and_overrides():
         "unreachable": True,
         "error": None,
         "failed": None,
+        "failed_check": None,
         "connection": "ssh",
         "health": None,
     }
@@ -84,12 +85,58 @@ def test_collect_passes_the_failed_task_of_a_host_that_left_the_play():
     hostvars = {"f": {"gpu_verify_failed_reason": "task 'Install the driver': exit status 1"}, "up": {}}
     report = gpu_report.gpu_verify_collect(["f", "up"], hostvars, ["up"])
     assert (report["f"]["failed"], report["f"]["error"]) == ("task 'Install the driver': exit status 1", None)
-    (found,) = fleet_report.build_report(report, None)["hosts"]["f"]["problems"]
+    assert report["f"]["unreachable"] is False and report["f"]["failed_check"] is None
+    built = fleet_report.build_report(report, None)
+    (found,) = built["hosts"]["f"]["problems"]
     assert found["cause"] == "Host failed before verification, at task 'Install the driver': exit status 1"
     assert "SSH" not in found["fix"]
+    assert built["hosts"]["f"]["unreachable"] is False and built["summary"]["unreachable"] == 0
     # still in the play but without results: its verification did not run; not called unreachable
     assert report["up"]["unreachable"] is False and report["up"]["problems"][0]["check"] == "run"
     assert report["up"]["problems"][0]["cause"].startswith("The verification did not run on this host")
+
+
+PREFLIGHT_STOP = (
+    "task 'gpu_fleet.tf_hosts.gpu_preflight : Stop this host before any change, with every problem found, or say its "
+    "warnings': 4 GPUs expected (gpu_preflight_expected_gpu_count), nvidia-smi sees 2"
+)
+
+
+def test_a_host_stopped_by_a_preflight_check_is_failed_in_that_check_never_unreachable():
+    """A host stopped in preflight (the callback kept the failed task and its check) is reported failed
+    (check preflight) in the JSON, text, Markdown, HTML and JUnit reports, and never counted unreachable;
+    the unreachable host beside it still is."""
+    hostvars = {
+        "stopped": {"gpu_verify_failed_reason": PREFLIGHT_STOP, "gpu_verify_failed_check": "preflight"},
+        # An earlier failure's check does not outlive an unreachable message (the callback clears it too).
+        "gone": {"gpu_verify_unreachable_reason": "ssh: connect to host gone port 22: No route to host"},
+        "up": {"gpu_verify_results": {"tf2.12": {"ok": True}}},
+    }
+    collected = gpu_report.gpu_verify_collect(["stopped", "gone", "up"], hostvars, ["up"])
+    assert (collected["stopped"]["unreachable"], collected["stopped"]["failed_check"]) == (False, "preflight")
+    assert collected["gone"]["unreachable"] is True
+    report = fleet_report.build_report(collected, None)
+    stopped = report["hosts"]["stopped"]
+    assert (stopped["status"], stopped["unreachable"]) == ("FAIL", False)
+    (problem,) = stopped["problems"]
+    cause = f"Host failed (check preflight) before any change, at {PREFLIGHT_STOP}"
+    assert (problem["check"], problem["cause"]) == ("preflight", cause)
+    assert stopped["rows"][0]["problems"] == "preflight"
+    assert stopped["rows"][0]["checks"]["verification"] == {"status": "fail", "passed": False, "reason": cause}
+    assert (report["summary"]["failed"], report["summary"]["unreachable"]) == (2, 1)
+    text, markdown = fleet_report.format_text(report), fleet_report.format_markdown(report)
+    html = fleet_report.format_html(report)
+    assert "3 hosts: 1 passed, 2 failed (1 unreachable)" in text and "(1 unreachable)" in markdown
+    for shown in (text, markdown, html):
+        assert "failed (check preflight)" in shown
+        assert "stopped [unreachable]" not in shown and "**stopped** `unreachable`" not in shown
+    junit = ET.fromstring(fleet_report.format_junit(report))
+    (failure,) = [
+        c.find("failure")
+        for c in junit.iter("testcase")
+        if c.get("classname") == "stopped" and c.find("failure") is not None
+    ]
+    assert (failure.get("type"), failure.get("message")) == ("preflight", cause)
 
 
 def test_collected_podman_host_gets_the_container_fix_and_one_failed_junit_case_per_host():
@@ -258,7 +305,7 @@ def test_collect_carries_the_health_of_hosts_without_verification_results():
         "plain": {},
     }
     report = gpu_report.gpu_verify_collect(["left", "stayed", "plain"], hostvars, ["stayed", "plain"])
-    assert report["left"]["unreachable"] is True and report["left"]["health"] == _compact("unhealthy", [ECC])
+    assert report["left"]["unreachable"] is False and report["left"]["health"] == _compact("unhealthy", [ECC])
     assert report["stayed"]["unreachable"] is False
     assert report["stayed"]["health"] == _compact("could not check", error=NO_SMI)
     assert report["plain"]["health"] is None

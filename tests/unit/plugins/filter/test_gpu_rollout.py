@@ -208,7 +208,13 @@ def test_hosts_left_out_are_listed_with_why_and_never_as_passed_or_failed(tmp_pa
         "healthy": verified_doc(),
         # gpu_verify_collect gives every host a document; a host left out has no verification.
         "busy": {"ok": False, "problems": [{"check": "run", "cause": "did not run", "fix": ""}]},
-        "failing": {"ok": False, "unreachable": True, "failed": "task 'preflight': 4 GPUs expected", "error": None},
+        "failing": {
+            "ok": False,
+            "unreachable": False,
+            "failed": "task 'preflight': 4 GPUs expected",
+            "failed_check": "preflight",
+            "error": None,
+        },
         "later": {"ok": False, "problems": [{"check": "run", "cause": "did not run", "fix": ""}]},
     }
     code, done = cli(tmp_path, results, "--not-verified", json.dumps(left_out))
@@ -217,7 +223,7 @@ def test_hosts_left_out_are_listed_with_why_and_never_as_passed_or_failed(tmp_pa
         "hosts": 4,
         "passed": 1,
         "failed": 1,
-        "unreachable": 1,
+        "unreachable": 0,
         "rechecked": 2,
         "not_in_run": 2,
         "health": {"healthy": 0, "unhealthy": 0, "could_not_check": 0, "not_checked": 4},
@@ -232,7 +238,7 @@ def test_hosts_left_out_are_listed_with_why_and_never_as_passed_or_failed(tmp_pa
     assert [o["passed"] for o in busy["rows"][0]["checks"].values()] == [None]
     assert busy["problems"] == [] and later["problems"] == []
     assert (
-        "Host failed before verification, at task 'preflight': 4 GPUs expected"
+        "Host failed (check preflight) before any change, at task 'preflight': 4 GPUs expected"
         in (report["hosts"]["failing"]["problems"][0]["cause"])
     )
     junit = ET.parse(tmp_path / "lab" / "latest" / "fleet-report.junit.xml").getroot()
@@ -362,15 +368,23 @@ def rollout_tasks() -> list[dict[str, Any]]:
 
 
 UNLOCK = ("gpu_run_lock", "absent")
+LOCK = ("gpu_run_lock", "present")
+
+
+def _changes(play: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """A play's steps without the run lock's give-back, which ends each play of site.yml (its `always`)."""
+    return [step for step in play if step != UNLOCK]
 
 
 def test_reprovision_runs_site_yml_roles_and_entry_points_in_order():
-    """The same steps as site.yml, but the run lock's give-back: site.yml's last play, and in the
-    rollout the block's `always` (a failed host gives it back too)."""
+    """The same steps as site.yml, but the run lock's give-back: in site.yml the `always` that ends each
+    play (a host that fails in it gives the lock back there), and in the rollout the block's `always`."""
     steps = [_role_step(t) for t in rollout_tasks()]
-    expected = [step for play in site_steps() for step in play if step != UNLOCK]
+    expected = [step for play in site_steps() for step in _changes(play)]
     assert [s for s in steps if s and s[0] != "gpu_rollout"] == expected
-    assert site_steps()[-1] == [UNLOCK]
+    assert all(play[-1] == UNLOCK for play in site_steps())
+    # The take is the checks' last step: no check that stops a host without a change comes after it.
+    assert _changes(site_steps()[0])[-1] == LOCK
 
 
 def test_reprovision_flushes_handlers_where_site_yml_ends_a_play_with_a_handler_role():
@@ -380,7 +394,7 @@ def test_reprovision_flushes_handlers_where_site_yml_ends_a_play_with_a_handler_
         # The entry points that install (main) notify handlers; the check entry points do not.
         if not any((ROOT / "roles" / role / "handlers").is_dir() for role, entry in play if entry == "main"):
             continue
-        index = next(i for i, t in enumerate(tasks) if _role_step(t) == play[-1])
+        index = next(i for i, t in enumerate(tasks) if _role_step(t) == _changes(play)[-1])
         assert tasks[index + 1].get("ansible.builtin.meta") == "flush_handlers", f"no flush after {play[-1]}"
         flushed += 1
     assert flushed == 2  # the driver play (reboot) and the CUDA play (gpu_env's ldconfig)
@@ -396,7 +410,7 @@ def test_reprovision_guards_checks_and_drains_in_that_order_and_undrains_last():
     drain, undrain = (steps.index(("gpu_rollout", name)) for name in ("drain", "undrain"))
     assert undrain == len(steps) - 1
     # Every check of playbooks/preflight.yml runs before the drain; the first change after it.
-    preflight = site_steps()[0]
+    preflight = _changes(site_steps()[0])
     assert max(steps.index(s) for s in preflight) < drain < steps.index(("nvidia_driver", "main"))
     # Between the verification and the undrain: the switch of a verified new default, the report (which names
     # the hosts left out, once per batch), and the health baseline of what was verified.
@@ -407,9 +421,9 @@ def test_reprovision_guards_checks_and_drains_in_that_order_and_undrains_last():
 def test_a_failed_host_gets_its_batch_report_then_counts_against_max_fail_percentage():
     (play,) = _load("playbooks/reprovision.yml")
     always = play["tasks"][0]["always"]
-    assert [_role_step(t) for t in always] == [UNLOCK, ("gpu_verify", "report"), None]
+    assert [_role_step(t) for t in _expand(always)] == [UNLOCK, ("gpu_verify", "report"), None]
     assert "ansible.builtin.fail" in always[-1]
-    assert "when" not in always[0]  # every host gives its run lock back, passed or failed
+    assert always[0]["vars"] == {"__gpu_run_lock_last": True}  # every host gives its run lock back, passed or failed
     assert all(t["when"] == "inventory_hostname not in ansible_play_hosts" for t in always[1:])
 
 

@@ -255,17 +255,38 @@ def test_python_unreadable():
 def test_unknown_tensorflow():
     result = resolve({"name": "x", "tensorflow": "1.15"})
     assert result["messages"] == [
-        "x: TensorFlow 1.15 is not in the version matrix. Pin one of TensorFlow 2.4-2.21, or add a row "
-        "with its sources to data/version_matrix.yml."
+        "x: TensorFlow 1.15 is not in the version matrix, whose newest release is 2.21.0. Pin one of TensorFlow "
+        "2.4-2.21, or add a row with its sources to data/version_matrix.yml."
     ]
     assert result["stacks"] == []
+
+
+@pytest.mark.parametrize("pin", ["2.12.2", "2.12.9", "2.12.10"])
+def test_a_patch_release_above_the_series_newest_is_refused_naming_the_newest(pin):
+    """2.12.9 is no release the matrix knows (its newest 2.12 is 2.12.1): refused in the checks, not later by a lock
+    that cannot be made."""
+    result = resolve({"name": "x", "tensorflow": pin})
+    assert result["messages"] == [
+        f"x: TensorFlow {pin} is not in the version matrix: the newest 2.12 release it knows is 2.12.1. Pin "
+        '"2.12.1" (or "2.12", which takes 2.12.1). A newer release needs its row\'s latest raised in the version '
+        "matrix (gpu_preflight_matrix_file) and its dependency lock made (make locks) first."
+    ]
+    assert result["stacks"] == [] and not result["ok"]
+
+
+@pytest.mark.parametrize("pin", ["2.12", "2.12.0", "2.12.1"])
+def test_the_releases_of_a_series_up_to_its_newest_resolve(pin):
+    result = resolve({"name": "x", "tensorflow": pin})
+    assert result["ok"], result["messages"]
+    assert result["stacks"][0]["tensorflow"]["version"] == ("2.12.1" if pin == "2.12" else pin)
 
 
 def test_an_unquoted_series_read_as_a_number_is_told_to_quote_it():
     result = resolve({"name": "x", "tensorflow": 2.10})
     assert result["messages"] == [
-        'x: TensorFlow 2.1 is not in the version matrix. Pin one of TensorFlow 2.4-2.21 in quotes (tensorflow: "2.10"; '
-        "unquoted, YAML reads 2.10 as 2.1), or add a row with its sources to data/version_matrix.yml."
+        "x: TensorFlow 2.1 is not in the version matrix, whose newest release is 2.21.0. Pin one of TensorFlow 2.4-2.21 "
+        'in quotes (tensorflow: "2.10"; unquoted, YAML reads 2.10 as 2.1), or add a row with its sources to '
+        "data/version_matrix.yml."
     ]
 
 
@@ -453,7 +474,7 @@ def test_duplicate_stack_names():
 def test_unknown_default_stack():
     result = resolve({"name": "a", "tensorflow": "2.12"}, default="b")
     assert result["messages"] == [
-        "b: The default stack 'b' is not one of ['a']. Set gpu_preflight_default_stack to one of the stack names."
+        "b: The default stack 'b' is not one of the stacks pinned (a). Set gpu_preflight_default_stack to one of the stack names."
     ]
 
 
@@ -839,7 +860,7 @@ def test_every_message_in_the_table_is_used():
 
 
 def test_every_message_but_the_shared_one_names_its_check():
-    assert [k for k, m in gpu_stack.MESSAGES.items() if not m.check] == ["sha256_missing"]
+    assert [k for k, m in gpu_stack.MESSAGES.items() if not m.check] == ["sha256_missing", "sha256_not_a_digest"]
 
 
 @pytest.mark.parametrize(
@@ -958,6 +979,39 @@ def test_unknown_archive_name_is_refused_naming_the_manifest_and_the_forms():
     ]
 
 
+PLACEHOLDER = "replace-with-the-sha256-of-your-file"  # manifests/gpu_hosts-artifacts-local.yml's
+
+
+def test_the_example_overlays_placeholder_is_named_as_a_placeholder_with_what_to_fill_in_and_where():
+    manifest = _manifest()
+    entry = manifest["cudnn-linux-x86_64-8.6.0.163_cuda11-archive.tar.xz"]
+    entry.update(sha256=PLACEHOLDER, manifest="/srv/fleet/manifests/gpu_hosts-artifacts-local.yml")
+    result = resolve({"name": "a", "tensorflow": "2.12"}, manifest=manifest)
+    assert result["messages"] == [
+        f"a: cudnn-linux-x86_64-8.6.0.163_cuda11-archive.tar.xz has the placeholder '{PLACEHOLDER}' as its sha256 in "
+        "/srv/fleet/manifests/gpu_hosts-artifacts-local.yml, not a sha256 (64 hexadecimal digits). Put the sha256 of "
+        "the file you downloaded from NVIDIA and checked (`sha256sum cudnn-linux-x86_64-8.6.0.163_cuda11-archive.tar.xz` "
+        "prints it) in its place there; unpinned files are never installed."
+    ]
+    assert result["problems"][0]["check"] == "cudnn"
+
+
+def test_a_digest_cut_short_is_named_with_its_length_and_the_drivers_too():
+    manifest = _manifest()
+    manifest["NVIDIA-Linux-x86_64-520.61.05.run"].update(sha256="ab" * 20, manifest="/m.yml")
+    result = resolve({"name": "a", "tensorflow": "2.12"}, manifest=manifest)
+    assert result["messages"][0].startswith(
+        f"NVIDIA-Linux-x86_64-520.61.05.run has '{'ab' * 20}' (40 characters) as its sha256 in /m.yml, not a sha256"
+    )
+    assert result["problems"][0]["check"] == "driver"
+
+
+def test_a_sha256_in_capitals_is_a_sha256():
+    manifest = _manifest()
+    manifest["NVIDIA-Linux-x86_64-520.61.05.run"]["sha256"] = "AB" * 32
+    assert resolve({"name": "a", "tensorflow": "2.12"}, manifest=manifest)["ok"]
+
+
 def test_missing_sha256_names_the_overlay_the_entry_came_from():
     manifest = _manifest()
     entry = manifest["cudnn-linux-x86_64-8.6.0.163_cuda11-archive.tar.xz"]
@@ -1046,7 +1100,7 @@ def test_an_absent_stack_needs_no_artifacts_and_takes_its_cuda_from_the_matrix()
         (
             [KEEP, {"name": "gone", "tensorflow": "2.3", "state": "absent"}],
             "",
-            "gone: TensorFlow 2.3 is not in the version matrix.",
+            "gone: TensorFlow 2.3 is not in the version matrix, whose newest release is 2.21.0.",
         ),
         ([dict(KEEP, state="removed")], "", "tf2.12: state 'removed' is neither present nor absent."),
     ],

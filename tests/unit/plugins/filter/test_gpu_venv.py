@@ -108,6 +108,10 @@ PIP = {
 }
 PIP_FAILED = {"msg": "stdout: Collecting numpy\n\nERROR: Could not find a version that satisfies numpy==1.26.4\n\n"}
 PIP_SAID = "pip could not install the lock tensorflow-2.15.1-py3.11.txt into /opt/tensorflow/2.15: ERROR: Could not find a version that satisfies numpy==1.26.4."
+KEPT = (
+    " /opt/tensorflow/2.15 was there before this run and keeps what it held; its lock record is unchanged, so the "
+    "next run brings it to its lock again."
+)
 
 
 def test_pip_problem_from_the_index_hides_its_credentials():
@@ -116,7 +120,7 @@ def test_pip_problem_from_the_index_hides_its_credentials():
     )
     assert text == (
         f"{PIP_SAID} Rerun (downloads are retried), check the index (https://pypi.example.com/simple/) and the CA "
-        "bundle, or install from a wheelhouse (tf_venv_wheelhouse)."
+        "bundle, or install from a wheelhouse (tf_venv_wheelhouse)." + KEPT
     )
     assert "check the index (PyPI)" in gpu_venv.gpu_venv_pip_problem(PIP_FAILED, PIP)
 
@@ -125,6 +129,7 @@ def test_pip_problem_from_a_wheelhouse():
     assert gpu_venv.gpu_venv_pip_problem(PIP_FAILED, dict(PIP, wheelhouse="/srv/wheels", from_controller=True)) == (
         f"{PIP_SAID} pip installed from the wheelhouse /srv/wheels (tf_venv_wheelhouse) only: put every wheel of the "
         "lock for the Python and platform of the host there (make the bundle again: playbooks/airgap_bundle.yml)."
+        + KEPT
     )
 
 
@@ -132,12 +137,22 @@ def test_pip_problem_from_the_controllers_wheels_only_when_locked():
     assert gpu_venv.gpu_venv_pip_problem(PIP_FAILED, dict(PIP, from_controller=True)) == (
         f"{PIP_SAID} pip installed from the wheels the controller fetched into /var/cache/wheels/abc/cp311-x86_64 only "
         "(tf_venv_wheels_from: controller): remove that folder so that the next run fetches it again, or set "
-        "tf_venv_wheels_from: index."
+        "tf_venv_wheels_from: index." + KEPT
     )
     unlocked = gpu_venv.gpu_venv_pip_problem({}, dict(PIP, from_controller=True, locked=False))
     assert unlocked.startswith(
         "pip could not install the lock tensorflow-2.15.1-py3.11.txt into /opt/tensorflow/2.15: . Rerun"
     )
+
+
+def test_pip_problem_says_the_venv_this_run_made_and_the_wheels_pushed_for_it_were_removed():
+    inputs = dict(PIP, wheelhouse="/srv/wheels", created="True", wheels_removed="/var/cache/tf-wheelhouse")
+    assert gpu_venv.gpu_venv_pip_problem(PIP_FAILED, inputs).endswith(
+        "(make the bundle again: playbooks/airgap_bundle.yml). The venv /opt/tensorflow/2.15 that this run made was "
+        "removed, so no half-built venv stands where the stack's is expected. The wheels pushed to "
+        "/var/cache/tf-wheelhouse for it were removed."
+    )
+    assert gpu_venv.gpu_venv_pip_problem(PIP_FAILED, dict(inputs, created=False, wheels_removed="")).endswith(KEPT)
 
 
 NEED = {
@@ -296,18 +311,55 @@ def test_lock_problems_a_missing_lock_unless_not_required(tmp_path):
     assert gpu_venv.gpu_venv_lock_problems([LOCK_STACK], dict(inputs, require_lock="false")) == []
 
 
+WHEELHOUSE_FIX = (
+    "Download the lock's wheels into it from a machine that reaches your index: `python3 -m pip download --dest "
+    "/srv/wheels --require-hashes --no-deps -r {lock} --only-binary=:all: --implementation cp --python-version 3.11 "
+    "--progress-bar off --platform=manylinux2014_x86_64 --platform=manylinux_2_17_x86_64 --platform=linux_x86_64` "
+    "(pip keeps each locked file there and fetches the others again), or build the bundle again "
+    "(playbooks/airgap_bundle.yml with gpu_bundle_python_version=3.11) and set tf_venv_wheelhouse to its wheels/ "
+    "folder. Nothing was pushed to the host."
+)
+
+
+def _wheelhouse(tmp_path, *wheels):
+    return dict(_locks(tmp_path), wheelhouse="/srv/wheels/", wheel_files=list(wheels), arch="x86_64")
+
+
 def test_lock_problems_an_altered_wheel_of_the_wheelhouse(tmp_path):
     wheel = {"path": "/srv/wheels/six-1.17.0-py2.py3-none-any.whl", "checksum": hashlib.sha256(b"altered").hexdigest()}
-    inputs = dict(_locks(tmp_path), wheelhouse="/srv/wheels", wheel_files=[wheel])
-    [text] = gpu_venv.gpu_venv_lock_problems([LOCK_STACK], inputs)
-    assert text.startswith("six-1.17.0-py2.py3-none-any.whl is not the file the lock pins")
-    assert text.endswith(
-        ". The wheelhouse /srv/wheels (tf_venv_wheelhouse) does not hold the wheels of the lock "
-        "tensorflow-cpu-2.12.1-py3.11.txt: put the locked files there (make the bundle again: "
-        "playbooks/airgap_bundle.yml) or remove the others. Nothing was pushed to the host."
+    [text] = gpu_venv.gpu_venv_lock_problems([LOCK_STACK], _wheelhouse(tmp_path, wheel))
+    lock = tmp_path / "tensorflow-cpu-2.12.1-py3.11.txt"
+    assert text == (
+        "The wheelhouse /srv/wheels (tf_venv_wheelhouse) does not hold the wheels of the lock "
+        "tensorflow-cpu-2.12.1-py3.11.txt for CPython 3.11 on x86_64: six-1.17.0-py2.py3-none-any.whl is not the "
+        f"file the lock pins: its sha256 is {hashlib.sha256(b'altered').hexdigest()[:16]}…, the lock lists "
+        f"{SIX[:16]} for six==1.17.0; no locked wheel of six==1.17.0. " + WHEELHOUSE_FIX.format(lock=lock)
     )
     good = dict(wheel, checksum=SIX)
-    assert gpu_venv.gpu_venv_lock_problems([LOCK_STACK], dict(inputs, wheel_files=[good])) == []
+    assert gpu_venv.gpu_venv_lock_problems([LOCK_STACK], _wheelhouse(tmp_path, good)) == []
+
+
+def test_lock_problems_the_altered_wheel_removed_as_once_advised_is_missing(tmp_path):
+    # The old advice ("remove the others") left a wheelhouse without six: refused before any push.
+    other = {"path": "/srv/wheels/requests-2.32.3-py3-none-any.whl", "checksum": "e" * 64}
+    [text] = gpu_venv.gpu_venv_lock_problems([LOCK_STACK], _wheelhouse(tmp_path, other))
+    assert "tensorflow-cpu-2.12.1-py3.11.txt for CPython 3.11 on x86_64: no locked wheel of six==1.17.0. " in text
+    assert "remove" not in text
+
+
+def test_lock_problems_a_locked_wheel_of_another_architecture_is_missing(tmp_path):
+    wheel = {"path": "/srv/wheels/six-1.17.0-py3-none-manylinux2014_aarch64.whl", "checksum": SIX}
+    [text] = gpu_venv.gpu_venv_lock_problems([LOCK_STACK], _wheelhouse(tmp_path, wheel))
+    assert "on x86_64: no locked wheel of six==1.17.0." in text
+    assert gpu_venv.gpu_venv_lock_problems([LOCK_STACK], dict(_wheelhouse(tmp_path, wheel), arch="aarch64")) == []
+
+
+def test_lock_problems_name_five_missing_pins_then_how_many_more(tmp_path):
+    pins = "".join(f"p{n}==1.0 \\\n    --hash=sha256:{n:064d}\n" for n in range(8))
+    inputs = _wheelhouse(tmp_path)
+    (tmp_path / "tensorflow-cpu-2.12.1-py3.11.txt").write_text(pins)
+    [text] = gpu_venv.gpu_venv_lock_problems([LOCK_STACK], inputs)
+    assert ": no locked wheel of p0==1.0, p1==1.0, p2==1.0, p3==1.0, p4==1.0, and 3 more. Download" in text
 
 
 def test_lock_problems_the_wheelhouse_only_once_every_lock_can_be_used(tmp_path):

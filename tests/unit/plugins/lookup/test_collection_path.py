@@ -65,3 +65,15 @@ def test_a_collection_file_must_exist_inside_the_collection(tmp_path):
     assert collection_path.collection_file("roles/demo_role/meta/argument_specs.yml", str(tmp_path)) == str(spec)
     with pytest.raises(AnsibleLookupError, match=r"is not a file of the gpu_fleet\.tf_hosts collection"):
         collection_path.collection_file("../outside", str(tmp_path))
+
+
+def test_the_option_names_of_a_role_are_those_of_every_entry_point(tmp_path):
+    spec = _collection(tmp_path, "[]")
+    spec.write_text(spec.read_text() + "  check:\n    options:\n      demo_role_only_here: {type: bool}\n")
+    (tmp_path / "roles" / "other_role" / "meta").mkdir(parents=True)
+    assert collection_path.role_names(str(tmp_path)) == ["demo_role", "other_role"]
+    assert collection_path.option_names("demo_role", str(tmp_path)) == {
+        "demo_role_paths",
+        "demo_role_required",
+        "demo_role_only_here",
+    }

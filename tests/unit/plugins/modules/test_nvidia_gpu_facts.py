@@ -569,9 +569,10 @@ def test_gather_nvidia_smi_missing_lspci_present() -> None:
     assert facts["source"] == "lspci"
     assert facts["pci_count"] == 2
     assert facts["errors"] == [
-        "nvidia-smi was not found (not on PATH nor an executable file): the NVIDIA driver is not installed, "
-        "or set nvidia_smi_path to where it is."
+        "nvidia-smi is not installed (not on PATH): it comes with the NVIDIA driver, so install the driver, or set "
+        "nvidia_smi_path to where it is."
     ]
+    assert facts["nvidia_smi_problem"] == "nvidia-smi is not installed (not on PATH)"
     assert host.commands == [["/usr/sbin/lspci", "-D", "-nn"]]
 
 
@@ -594,10 +595,14 @@ def test_gather_nothing_available() -> None:
         "topology": {},
         "nvlink_pairs": [],
         "nvswitch_present": False,
+        "nvidia_smi_problem": "nvidia-smi is not installed (not on PATH)",
+        "pci_devices_problem": None,
+        "lspci_path": None,
         "errors": [
-            "nvidia-smi was not found (not on PATH nor an executable file): the NVIDIA driver is not installed, "
-            "or set nvidia_smi_path to where it is.",
-            "lspci was not found: install pciutils to list GPUs without the driver, or set lspci_path to where it is.",
+            "nvidia-smi is not installed (not on PATH): it comes with the NVIDIA driver, so install the driver, or set "
+            "nvidia_smi_path to where it is.",
+            "lspci is not installed (not on PATH): install pciutils to list GPUs without the driver, or set lspci_path "
+            "to where it is.",
         ],
     }
     assert host.commands == []
@@ -740,9 +745,50 @@ def test_read_pci_devices_reads_the_sysfs_layout(tmp_path: Path) -> None:
     assert devices == {"0000:07:00.0": {"vendor": "0x10de\n", "device": "", "class": "0x030200\n"}}
     missing, why = facts_module.read_pci_devices(str(tmp_path / "nowhere"))
     assert missing is None
-    assert why == (
-        f"{tmp_path / 'nowhere'} cannot be read (No such file or directory): the GPUs were listed with lspci instead. "
-        "Point pci_devices_path at /sys/bus/pci/devices (or a folder of the same layout)."
+    assert why == f"{tmp_path / 'nowhere'} does not exist"
+
+
+def test_read_pci_devices_names_the_folder_and_why_it_gives_nothing(tmp_path: Path) -> None:
+    (tmp_path / "a-file").write_text("x")
+    (tmp_path / "empty").mkdir()
+    assert facts_module.read_pci_devices(str(tmp_path / "a-file")) == (None, f"{tmp_path}/a-file is not a folder")
+    assert facts_module.read_pci_devices(str(tmp_path / "empty")) == (None, f"{tmp_path}/empty is empty")
+
+
+def test_gather_a_missing_pci_folder_and_no_lspci_says_both_and_does_not_claim_lspci_listed_them() -> None:
+    host = host_for("a100x2-nvlink", tools={"nvidia-smi": "/usr/bin/nvidia-smi", "lspci": None})
+    facts = facts_module.gather_gpu_facts(
+        host.run, host.find, sysfs=(None, "/srv/pci does not exist"), searched="PATH (/usr/bin:/bin)"
+    )
+    assert facts["pci_source"] == "none"
+    assert facts["pci_devices_problem"] == "/srv/pci does not exist"
+    assert facts["lspci_path"] is None
+    assert facts["errors"] == [
+        "/srv/pci does not exist: nor could lspci list them. Point pci_devices_path at /sys/bus/pci/devices (the "
+        "default) or a folder of the same layout (<bus id>/vendor, device, class).",
+        "lspci is not installed (not on PATH (/usr/bin:/bin)): install pciutils to list GPUs without the driver, or "
+        "set lspci_path to where it is.",
+    ]
+
+
+def test_gather_a_failed_nvidia_smi_is_named_with_what_it_said_and_no_lspci_hint_without_lspci() -> None:
+    host = FakeHost({"nvidia-smi": "/usr/bin/nvidia-smi"}, {"query": (6, "No devices were found", "")})
+    facts = facts_module.gather_gpu_facts(host.run, host.find)
+    assert facts["nvidia_smi_problem"] == "/usr/bin/nvidia-smi --query-gpu exited 6: No devices were found"
+    assert "`lspci -nn -d 10de:` (install pciutils first: this host has no lspci) and" in facts["errors"][0]
+    host = FakeHost(
+        {"nvidia-smi": "/usr/bin/nvidia-smi", "lspci": "/usr/bin/lspci"}, {"query": (6, "", ""), "lspci": (0, "", "")}
+    )
+    said = facts_module.gather_gpu_facts(host.run, host.find)["errors"][0]
+    assert "compare with `lspci -nn -d 10de:` and look for NVRM errors" in said
+
+
+def test_not_found_says_where_it_looked() -> None:
+    assert facts_module.not_found("nvidia-smi", "PATH (/usr/bin) nor in /sbin") == (
+        "nvidia-smi is not installed (not on PATH (/usr/bin) nor in /sbin)"
+    )
+    assert (
+        facts_module.not_found("/opt/nv/nvidia-smi") == "/opt/nv/nvidia-smi does not exist or is not an executable file"
     )
 
 
@@ -770,17 +816,26 @@ def test_gather_with_driver_compares_nvidia_smi_with_sysfs() -> None:
 
 def test_gather_unreadable_sysfs_falls_back_to_lspci_and_says_why() -> None:
     host = host_for("no-driver", tools={"nvidia-smi": None, "lspci": "/usr/bin/lspci"})
-    facts = facts_module.gather_gpu_facts(host.run, host.find, sysfs=(None, "/sys/bus/pci/devices cannot be read."))
+    facts = facts_module.gather_gpu_facts(
+        host.run, host.find, sysfs=(None, "/sys/bus/pci/devices cannot be read (Permission denied)")
+    )
     assert facts["source"] == facts["pci_source"] == "lspci"
     assert facts["pci_count"] == 2
-    assert facts["errors"][1] == "/sys/bus/pci/devices cannot be read."
+    assert facts["pci_devices_problem"] == "/sys/bus/pci/devices cannot be read (Permission denied)"
+    assert facts["errors"][1] == (
+        "/sys/bus/pci/devices cannot be read (Permission denied): the GPUs were listed with lspci instead. Point "
+        "pci_devices_path at /sys/bus/pci/devices (the default) or a folder of the same layout (<bus id>/vendor, "
+        "device, class)."
+    )
     garbage = {"0000:07:00.0": {"vendor": "banana", "device": "", "class": ""}}
     facts = facts_module.gather_gpu_facts(host.run, host.find, sysfs=(garbage, ""))
     assert facts["pci_source"] == "lspci"
+    named = facts_module.gather_gpu_facts(host.run, host.find, sysfs=(garbage, ""), pci_devices_path="/srv/pci")
+    assert named["pci_devices_problem"].startswith("/srv/pci is not sysfs-like (0000:07:00.0/vendor is 'banana'")
     assert facts["errors"][1] == (
-        "The PCI device folder is not sysfs-like: 0000:07:00.0/vendor is 'banana', not a 4-digit hexadecimal number. "
-        "The GPUs were listed with lspci instead; point pci_devices_path at /sys/bus/pci/devices or a folder of the "
-        "same layout."
+        "The PCI device folder is not sysfs-like (0000:07:00.0/vendor is 'banana', not a 4-digit hexadecimal "
+        "number): the GPUs were listed with lspci instead. Point pci_devices_path at /sys/bus/pci/devices (the "
+        "default) or a folder of the same layout (<bus id>/vendor, device, class)."
     )
 
 

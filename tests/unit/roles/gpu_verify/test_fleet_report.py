@@ -592,16 +592,41 @@ def test_notes_name_the_host_once() -> None:
     report = fleet_report.build_report(
         {"gpu-f3": [passing_doc(), other], "gpu01": [dict(passing_doc(), mode_note="on CPUs")]}, None
     )
-    outputs = [
-        fleet_report.format_text(report),
-        fleet_report.format_markdown(report),
-        fleet_report.format_html(report),
-    ]
-    for text in outputs:
+    for text in (fleet_report.format_text(report), fleet_report.format_markdown(report)):
         assert "gpu-f3: gpu-f3" not in text
         assert "gpu-f3 (tf2.12): loaded libcudart 11.8 /usr/local/cuda-11.8/lib64/libcudart.so.11.8.89" in text
         assert "gpu-f3 (tf2.15): loaded libcudart 11.8 /usr/local/cuda-12.2/lib64/libcudart.so.12.2.140" in text
         assert "gpu01: on CPUs" in text and "gpu01: loaded libcudart 11.8" in text
+    # The HTML page shows a note several share once, naming them.
+    notes = _unwrapped(fleet_report.format_html(report)).split('<ul id="notes">')[1].split("</ul>")[0]
+    assert "gpu-f3: gpu-f3" not in notes
+    assert "<li>gpu-f3 (tf2.15): loaded libcudart 11.8 /usr/local/cuda-12.2/lib64/libcudart.so.12.2.140" in notes
+    assert "<li>loaded libcudart 11.8 /usr/local/cuda-11.8/lib64/libcudart.so.11.8.89" in notes
+    assert '<span class="hosts">(2 hosts and stacks: gpu-f3 (tf2.12), gpu01)</span>' in notes
+    assert "<li>gpu01: on CPUs</li>" in notes
+
+
+def _unwrapped(page: str) -> str:
+    """The page without the spans that keep a word whole (fleet_report._words)."""
+    return re.sub(r'<span class="w">([^<]*)</span>', r"\1", page)
+
+
+def test_html_shows_a_note_many_hosts_share_once_with_the_hosts() -> None:
+    """The sandbox's "PCI cross-check skipped" note, on every stack of every host, is one line in the
+    HTML page (text and Markdown keep one line per host)."""
+    no_lspci = dict(passing_doc(), gpus=dict(passing_doc()["gpus"], pci_bus_ids=None))
+    other = dict(no_lspci, stack="tf2.15")
+    results = {"gpu01": [no_lspci, other], "gpu02": [no_lspci], "gpu03": [dict(passing_doc(), mode_note="on CPUs")]}
+    report = fleet_report.build_report(results, None)
+    page = _unwrapped(fleet_report.format_html(report))
+    assert page.count("PCI cross-check skipped") == 1
+    assert '(install pciutils) <span class="hosts">(2 hosts: gpu01, gpu02)</span></li>' in page
+    report = fleet_report.build_report(dict(results, gpu03=[no_lspci]), None)
+    assert '(install pciutils) <span class="hosts">(all 3 hosts)</span></li>' in _unwrapped(
+        fleet_report.format_html(report)
+    )
+    assert fleet_report.format_text(report).count("PCI cross-check skipped") == 4
+    assert fleet_report.format_markdown(report).count("PCI cross-check skipped") == 4
 
 
 NO_DEVICE_NOTE = (
@@ -1006,14 +1031,17 @@ def test_each_health_status_shows_in_the_html_column_and_the_details() -> None:
         ("not-checked", "not checked"),
     ):
         assert f'<td class="health"><span class="health {status}">{cell}</span></td>' in page
-    heads = re.findall(r"<th>([^<]*)</th>", page)
+    heads = re.findall(r"<th class=\"[a-z_]+\">([^<]*)</th>", page)
     assert heads[:3] == ["host", "status", "GPU health"]  # beside the status at 1400 px
     assert '<p id="health-summary">GPU health: 1 healthy, 1 unhealthy, 1 could not check, 1 not checked.</p>' in page
-    details = page.split('<ul id="health">')[1].split("</ul>\n")[0]
-    assert f"<li><b>gpu02</b>: unhealthy, 2 findings (checked {CHECKED})<ul>" in details
-    assert f"<code>ecc 00000000:3B:00.0</code>: {html.escape(ECC['cause'])}<br>Fix: {ECC['fix']}" in details
-    assert "<li><code>health</code>: nvidia-smi was not found.<br>Fix: Install the driver" in details
-    assert "gpu01" not in details and "gpu04" not in details
+    hosts = dict(re.findall(r'<details class="host [a-z]+" id="host-([^"]+)"( open)?>', page))
+    assert hosts == {"gpu02": " open", "gpu03": " open"}  # folded open: each needs a look; the others say nothing
+    gpu02 = page.split('id="host-gpu02"')[1].split("</details>")[0]
+    assert "<summary><b>gpu02</b> PASS: GPU health unhealthy (2 findings)</summary>" in gpu02
+    assert f'<h3>GPU health</h3><p class="health">unhealthy, 2 findings (checked {CHECKED})</p>' in gpu02
+    assert f"<code>ecc 00000000:3B:00.0</code>: {html.escape(ECC['cause'])}<br>Fix: {ECC['fix']}" in gpu02
+    gpu03 = page.split('id="host-gpu03"')[1].split("</details>")[0]
+    assert "<li><code>health</code>: nvidia-smi was not found.<br>Fix: Install the driver" in gpu03
     assert page.count('<tr class="pass">') == 4
 
 
