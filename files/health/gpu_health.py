@@ -446,17 +446,35 @@ def ask_health_fields(nvidia_smi: str, timeout: float) -> tuple[CommandResult, l
 
 
 def unasked_notes(dropped: Sequence[str], version: str | None) -> dict[str, str]:
-    """``{check: note}`` for the checks that ran without a field nvidia-smi rejected."""
-    notes: dict[str, list[str]] = {}
+    """``{check: note}`` for the checks that ran without a field nvidia-smi rejected (``partly: ...``), and for
+    those none of whose fields it knows (an older driver, or the previous release's stand-in on a host upgraded
+    in place), which do not run at all (:func:`unjudged_checks`)."""
+    fields: dict[str, list[str]] = {}
+    whats: dict[str, list[str]] = {}
     for field in dropped:
         check, what = field_check(field.replace("clocks_throttle_reasons.", "clocks_event_reasons."))
-        notes.setdefault(check, []).append(f"{field} ({what})")
+        fields.setdefault(check, []).append(field)
+        whats.setdefault(check, []).extend([] if what in whats.get(check, []) else [what])
+    needed: dict[str, int] = {}
+    for field in gpu_parsers.HEALTH_FIELDS:
+        if field not in IDENTITY_FIELDS:
+            needed[field_check(field)[0]] = needed.get(field_check(field)[0], 0) + 1
     driver = f" of driver {version}" if version else ""
-    return {
-        check: f"partly: nvidia-smi{driver} does not know the field {', '.join(items)}, which is not judged; "
-        "the rest of the check ran"
-        for check, items in notes.items()
-    }
+    notes = {}
+    for check, names in fields.items():
+        known = f"nvidia-smi{driver} does not know the field{'s' if len(names) > 1 else ''} {', '.join(names)}"
+        what = ", ".join(whats[check])
+        if len(names) >= needed[check]:
+            notes[check] = f"{known} ({what}): the check did not run"
+        else:
+            notes[check] = f"partly: {known}, so {what} {'is' if len(whats[check]) == 1 else 'are'} not judged; "
+            notes[check] += "the rest of the check ran"
+    return notes
+
+
+def unjudged_checks(observed: dict[str, Any]) -> set[str]:
+    """The checks none of whose fields nvidia-smi knows (:func:`unasked_notes`): skipped, never passed."""
+    return {check for check, note in (observed.get("unasked") or {}).items() if not note.startswith("partly:")}
 
 
 def query_gpus(
@@ -1033,7 +1051,8 @@ def judge(
             clocks=judge_clocks(gpus),
             persistence=judge_persistence(gpus),
         )
-    return {check: results[check] for check in CHECKS if check in results}
+    unjudged = unjudged_checks(observed)
+    return {check: results[check] for check in CHECKS if check in results and check not in unjudged}
 
 
 def read_fabric_manager(systemctl: str, timeout: float) -> dict[str, str | None]:

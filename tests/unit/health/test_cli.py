@@ -209,6 +209,49 @@ def test_a_driver_before_clocks_event_reasons_is_asked_with_the_old_names(tmp_pa
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+def without_fields(config: dict[str, Any], *prefixes: str) -> dict[str, Any]:
+    """``config`` with an nvidia-smi that does not know the fields starting with ``prefixes``."""
+    gpus = [{field: value for field, value in gpu.items() if not field.startswith(prefixes)} for gpu in config["gpus"]]
+    return {**config, "gpus": gpus}
+
+
+ECC_AND_CLOCKS = ("ecc.", "retired_pages.", "remapped_rows.", "clocks_event_reasons.")
+
+
+def test_a_driver_that_knows_no_ecc_or_clock_fields_is_judged_on_the_rest(tmp_path: Path) -> None:
+    """An nvidia-smi that knows none of the ECC, page-retirement, row-remapping and clock fields (an older
+    driver, or the previous release's stand-in on a host upgraded in place): those two checks are skipped,
+    naming the fields, and the others judge the host, here with a finding, the persistence mode off."""
+    config = without_fields(smi_config(old_driver=True), *ECC_AND_CLOCKS)
+    config["gpus"][0]["persistence_mode"] = "Disabled"
+    done, _ = run(tmp_path, config, "--format", "json")
+    assert done.returncode == 1, done.stdout + done.stderr
+    report = json.loads(done.stdout)
+    assert {"ecc", "clocks"} & set(report["checks"]) == set()
+    assert report["skipped"]["ecc"].startswith("nvidia-smi of driver ")
+    assert "does not know the fields ecc.errors.uncorrected.volatile" in report["skipped"]["ecc"]
+    assert report["skipped"]["ecc"].endswith("the check did not run")
+    assert "clocks_throttle_reasons.hw_slowdown" in report["skipped"]["clocks"]
+    assert [finding["check"] for finding in report["findings"]] == ["persistence"]
+    assert 'gpu_fleet_health_check_skipped{check="ecc"} 1' in metrics(tmp_path).splitlines()
+
+
+def test_a_field_the_driver_does_not_know_is_not_judged_and_the_check_runs(tmp_path: Path) -> None:
+    """Only the row-remapping fields unknown (drivers before them): the ecc check still judges the counts."""
+    config = without_fields(smi_config(), "remapped_rows.")
+    config["gpus"][1]["ecc.errors.uncorrected.volatile.total"] = "3"
+    done, _ = run(tmp_path, config, "--format", "json")
+    report = json.loads(done.stdout)
+    assert done.returncode == 1 and report["skipped"]["ecc"].startswith("partly:"), done.stdout
+    assert "ecc" in report["checks"]
+    assert [finding["check"] for finding in report["findings"]] == ["ecc"]
+
+
+def test_a_driver_that_does_not_know_a_field_naming_the_gpu_could_not_check(tmp_path: Path) -> None:
+    done, _ = run(tmp_path, without_fields(smi_config(), "uuid"))
+    assert done.returncode == 2 and 'Field "uuid" is not a valid field to query.' in done.stdout, done.stdout
+
+
 def test_a_driver_library_mismatch_is_unhealthy(tmp_path: Path) -> None:
     output = "Failed to initialize NVML: Driver/library version mismatch\nNVML library version: 550.90"
     done, _ = run(tmp_path, smi_config(fail={"rc": 18, "output": output}), "--format", "json")
@@ -465,8 +508,9 @@ def test_a_field_the_driver_does_not_know_degrades_its_check_only(tmp_path: Path
     report = json.loads(done.stdout)
     assert report["checks"]["ecc"] is True and report["up"] is True
     assert report["skipped"] == {
-        "ecc": "partly: nvidia-smi of driver 550.54.15 does not know the field remapped_rows.pending (rows pending "
-        "remapping), remapped_rows.failure (row remapping failures), which is not judged; the rest of the check ran"
+        "ecc": "partly: nvidia-smi of driver 550.54.15 does not know the fields remapped_rows.pending, "
+        "remapped_rows.failure, so rows pending remapping, row remapping failures are not judged; the rest of the "
+        "check ran"
     }
     assert all(row["remapped_rows_pending"] is None for row in report["gpus"])
     assert 'gpu_fleet_health_check_skipped{check="ecc"} 1' in metrics(tmp_path)
