@@ -16,6 +16,7 @@ plugins/modules/gpu_option_checks.py.
 from __future__ import annotations
 
 import difflib
+import fnmatch
 import functools
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -29,7 +30,6 @@ from ansible_collections.gpu_fleet.tf_hosts.plugins.lookup.collection_path impor
     collection_file,
     documented_options,
     option_names,
-    role_names,
     role_of,
 )
 from ansible_collections.gpu_fleet.tf_hosts.plugins.plugin_utils.role_input import role_input
@@ -115,17 +115,24 @@ def owner(name: str) -> str | None:
         return None
 
 
-def unknown_variable(name: str, role: str, roles: list[str]) -> str:
-    """The message for ``name``, which starts with ``role``'s name and is no option of it: the closest option of
-    that role (else of any role) as the likely meaning."""
-    own = sorted(option_names(role))
-    close = difflib.get_close_matches(name, own, n=1) or difflib.get_close_matches(
-        name, sorted(set().union(*(option_names(other) for other in roles))), n=1
-    )
-    meaning = f" (did you mean {close[0]}?)" if close else f" (its options: roles/{role}/README.md)"
+def closest(name: str, role: str) -> str | None:
+    """The option of ``role`` whose name after the role's prefix is closest to ``name``'s, when close enough: over
+    the whole names, the shared prefix made unrelated names look alike (nvidia_driver_branch, "did you mean
+    nvidia_driver_version?"), and another role's option is no likely meaning of a name under this role's."""
+    by_rest = {option[len(role) + 1 :]: option for option in option_names(role)}
+    found = difflib.get_close_matches(name[len(role) + 1 :], sorted(by_rest), n=1, cutoff=0.75)
+    return by_rest[found[0]] if found else None
+
+
+def unknown_variable(name: str, role: str) -> str:
+    """The message for ``name``, which starts with ``role``'s name and is no option of it: the closest option
+    (:func:`closest`) as the likely meaning."""
+    close = closest(name, role)
+    meaning = f" (did you mean {close}?)" if close else f" (its options: roles/{role}/README.md)"
     return (
         f"{name} is no option of the role {role}, so it would change nothing{meaning}. Correct its name, or remove "
-        "it from the inventory or the -e command line."
+        "it from the inventory or the -e command line; if another tool reads it (NVIDIA's nvidia.nvidia_driver role "
+        "has nvidia_driver_* names of its own), list it in gpu_preflight_foreign_variables."
     )
 
 
@@ -136,16 +143,19 @@ def run_variables() -> frozenset[str]:
         return frozenset(yaml_load(handle)["run_variables"])
 
 
-def unknown_variables(names: Iterable[str]) -> list[str]:
+def unknown_variables(names: Iterable[str], foreign: Iterable[str] = ()) -> list[str]:
     """A message for each of ``names`` (a host's variables) that starts with a role's name and is neither an option
-    of that role nor a name the run itself sets (RUN_VARIABLES); internal names (``__<role>_``) are left alone."""
-    roles = role_names()
+    of that role, nor a name the run itself sets (RUN_VARIABLES), nor one that ``foreign`` (names or shell patterns:
+    gpu_preflight_foreign_variables) gives to another tool; internal names (``__<role>_``) are left alone."""
     known = run_variables()
+    patterns = [str(pattern) for pattern in foreign]
     problems = []
     for name in sorted(name for name in names if isinstance(name, str) and name not in known):
+        if any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns):
+            continue
         role = owner(name)
         if role is not None and name not in option_names(role):
-            problems.append(unknown_variable(name, role, roles))
+            problems.append(unknown_variable(name, role))
     return problems
 
 
@@ -161,7 +171,8 @@ class ActionModule(ActionBase):
         problems = argument_problems(self._task.args)
         if problems:
             return dict(result, failed=True, msg=" ".join(problems))
-        problems += unknown_variables(task_vars)
+        foreign = self._templar.template(task_vars.get("gpu_preflight_foreign_variables") or [])
+        problems += unknown_variables(task_vars, foreign if isinstance(foreign, list) else [])
         for role in self._task.args["roles"]:
             problems += role_problems(role, task_vars, self._templar.template)
         if problems:

@@ -121,6 +121,8 @@ MESSAGES: dict[str, Message] = {
 PIP_AFTERMATH = {
     "created": "The venv {venv} that this run made was removed, so no half-built venv stands where the stack's is "
     "expected.",
+    "emptied": "{venv} was an empty folder before this run: the venv this run made in it was removed and the folder "
+    "stays, empty, so no half-built venv stands where the stack's is expected.",
     "kept": "{venv} was there before this run and keeps what it held; its lock record is unchanged, so the next run "
     "brings it to its lock again.",
     "wheels": " The wheels pushed to {wheels} for it were removed.",
@@ -231,7 +233,8 @@ def gpu_venv_pip_problem(result: dict, inputs: dict) -> str:
 def _pip_aftermath(inputs: dict) -> str:
     """What tasks/pip.yml did after pip failed: the venv the run made removed, or the one there before kept;
     the wheels pushed for it removed (``wheels_removed``: their folder on the host, '' when they stay)."""
-    venv = PIP_AFTERMATH["created" if _flag(inputs.get("created", False)) else "kept"].format(venv=inputs.get("venv"))
+    made = "emptied" if _flag(inputs.get("emptied", False)) else "created"
+    venv = PIP_AFTERMATH[made if _flag(inputs.get("created", False)) else "kept"].format(venv=inputs.get("venv"))
     wheels = inputs.get("wheels_removed")
     return venv + (PIP_AFTERMATH["wheels"].format(wheels=wheels) if wheels else "")
 

@@ -28,6 +28,7 @@ from ansible_run import latest_report, run_playbook
 BUSY, HEALTHY, FAILING = "molecule-fleet-busy", "molecule-fleet-healthy", "molecule-fleet-failing"
 # Paths inside the sandbox containers.
 SCONTROL_LOG = "/var/log/scontrol-standin.log"
+RUN_LOCK = "/run/gpu-fleet/run.lock"  # gpu_preflight_run_lock_path's default
 CUDA = "/usr/local/cuda-11.8"
 VENV = "/opt/tensorflow/2.12"
 # Both runs' inventories are folders named `inventory`: one report history (gpu_verify names the
@@ -285,3 +286,6 @@ def test_a_job_that_outlives_the_wait_leaves_the_host_unchanged_and_given_back(g
         f"update nodename={HEALTHY} state=DRAIN reason=gpu_fleet",
         f"update nodename={HEALTHY} state=RESUME",
     ]
+    # The checks took the run lock before the drain; the skip (meta: end_host) gave it back with the host.
+    lock = podman_exec(HEALTHY, "test", "-e", RUN_LOCK)
+    assert lock.returncode == 1, f"{RUN_LOCK} left on the host given back"

@@ -148,7 +148,9 @@ def test_a_misspelt_role_variable_stops_the_host_naming_the_closest_option(tmp_p
     assert rc != 0
     assert (
         "nvidia_driver_versoin is no option of the role nvidia_driver, so it would change nothing (did you mean "
-        "nvidia_driver_version?). Correct its name, or remove it from the inventory or the -e command line." in out
+        "nvidia_driver_version?). Correct its name, or remove it from the inventory or the -e command line; if another "
+        "tool reads it (NVIDIA's nvidia.nvidia_driver role has nvidia_driver_* names of its own), list it in "
+        "gpu_preflight_foreign_variables." in out
     )
 
 
@@ -160,11 +162,23 @@ def test_a_misspelt_role_variable_stops_the_host_naming_the_closest_option(tmp_p
         ("gpu_preflight_stack", "did you mean gpu_preflight_stacks?"),
         ("gpu_env_switch_defaults", "did you mean gpu_env_switch_default?"),  # an option of entry point switch
         ("cudnn_zzz", "its options: roles/cudnn/README.md"),
+        # Compared after the role's prefix, which every name of the role shares: no likely meaning here.
+        ("nvidia_driver_branch", "its options: roles/nvidia_driver/README.md"),
+        ("nvidia_driver_ubuntu_install_from_cuda_repo", "its options: roles/nvidia_driver/README.md"),
+        # Another role's option is no likely meaning of a name under this role's.
+        ("cudnn_verison", "its options: roles/cudnn/README.md"),
     ],
 )
 def test_every_roles_prefix_is_checked_against_every_entry_point(name, meaning):
     (message,) = gpu_option_checks.unknown_variables([name, "gpu_verify_timeout", "gpu_env_switch_default"])
     assert message.startswith(f"{name} is no option of the role ") and f"({meaning})" in message
+
+
+def test_another_tools_variables_listed_as_foreign_are_left_alone():
+    """NVIDIA's nvidia.nvidia_driver role reads nvidia_driver_* names of its own (gpu_preflight_foreign_variables)."""
+    names = ["nvidia_driver_branch", "nvidia_driver_ubuntu_install_from_cuda_repo", "nvidia_driver_versoin"]
+    (left,) = gpu_option_checks.unknown_variables(names, ["nvidia_driver_branch", "nvidia_driver_ubuntu_*"])
+    assert left.startswith("nvidia_driver_versoin is no option")
 
 
 def test_internal_names_published_facts_and_other_names_are_no_misspellings():
@@ -196,4 +210,5 @@ def test_every_name_the_run_sets_is_known_to_be_no_misspelling():
 
 
 def test_the_callbacks_notes_are_no_misspellings():
-    assert {host_failures.UNREACHABLE_VAR, host_failures.FAILED_VAR} <= gpu_option_checks.run_variables()
+    callback_vars = {host_failures.UNREACHABLE_VAR, host_failures.FAILED_VAR, host_failures.CHECK_VAR}
+    assert callback_vars <= gpu_option_checks.run_variables()

@@ -327,6 +327,17 @@ def test_the_lock_is_given_back_in_one_place_and_taken_in_one_place_after_the_la
     assert checks[-1]["register"] == "gpu_preflight_run_lock"
 
 
+def test_a_host_the_rollout_skips_after_taking_the_lock_gives_it_back_first():
+    """meta: end_host skips the batch block's `always` (the give-back): drain.yml's skip of a host whose GPUs
+    still compute after the drain, which comes after the checks took the lock, gives it back itself."""
+    drain = yaml.safe_load((ROOT / "roles/gpu_rollout/tasks/drain.yml").read_text())
+    (busy,) = [task for task in drain if "block" in task]
+    ends = [i for i, task in enumerate(busy["block"]) if task.get("ansible.builtin.meta") == "end_host"]
+    assert ends and all(
+        busy["block"][i - 1].get("gpu_fleet.tf_hosts.gpu_run_lock") == {"state": "absent"} for i in ends
+    )
+
+
 @pytest.mark.parametrize("name", HOLDING_PLAYBOOKS)
 def test_every_play_that_may_hold_the_lock_gives_it_back_in_an_always_around_all_its_tasks(name):
     """A host can fail only in a task or a handler: each play holds its tasks in one block (handlers flushed

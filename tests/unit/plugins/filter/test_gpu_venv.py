@@ -153,6 +153,12 @@ def test_pip_problem_says_the_venv_this_run_made_and_the_wheels_pushed_for_it_we
         "/var/cache/tf-wheelhouse for it were removed."
     )
     assert gpu_venv.gpu_venv_pip_problem(PIP_FAILED, dict(inputs, created=False, wheels_removed="")).endswith(KEPT)
+    # A venv made in a folder that was there before, empty: the folder stays, emptied.
+    emptied = gpu_venv.gpu_venv_pip_problem(PIP_FAILED, dict(inputs, emptied="True", wheels_removed=""))
+    assert emptied.endswith(
+        "/opt/tensorflow/2.15 was an empty folder before this run: the venv this run made in it was removed and the "
+        "folder stays, empty, so no half-built venv stands where the stack's is expected."
+    )
 
 
 NEED = {
