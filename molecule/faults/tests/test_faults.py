@@ -349,9 +349,10 @@ def test_check_mode_still_verifies_and_reports_a_broken_host(tmp_path_factory, s
     assert list(reports.iterdir()) == []
 
 
-def test_a_run_that_stops_early_leaves_latest_at_the_last_completed_report(tmp_path_factory, fault_reports):
-    """A multi-worker run on one host stops before the report: no new run folder, and `latest`
-    still points at the last completed verification (whose folder name says when it ran)."""
+def test_a_run_that_fails_early_still_writes_its_report_beside_the_last_one(tmp_path_factory, fault_reports):
+    """A multi-worker run on one host fails before the verification: the report, written after every step that
+    can fail a host, says FAIL with the cause, as the exit code says; `latest` points at it, and the last
+    completed verification's folder stays."""
     reports = tmp_path_factory.mktemp("stale")
     inventory_dir = reports / MOLECULE_INVENTORY
     (inventory_dir / "20260101T000000Z").mkdir(parents=True)
@@ -369,8 +370,11 @@ def test_a_run_that_stops_early_leaves_latest_at_the_last_completed_report(tmp_p
     )
     assert run.returncode != 0
     assert "needs at least 2 hosts in the play, got 1" in run.stdout
-    assert sorted(p.name for p in inventory_dir.iterdir()) == ["20260101T000000Z", "latest"]
-    assert os.readlink(inventory_dir / "latest") == "20260101T000000Z"
+    folders = sorted(p.name for p in inventory_dir.iterdir())
+    assert len(folders) == 3 and folders[0] == "20260101T000000Z" and folders[-1] == "latest", folders
+    assert os.readlink(inventory_dir / "latest") == folders[1]
+    host = _host(json.loads(latest_report(reports, MOLECULE_INVENTORY).read_text()), A)
+    assert host["status"] == "FAIL" and any("needs at least 2 hosts" in p["cause"] for p in host["problems"]), host
 
 
 @pytest.mark.parametrize(
@@ -410,12 +414,14 @@ def test_bad_verification_options_stop_before_anything_runs(tmp_path_factory, op
     assert run.returncode != 0
     assert message in run.stdout
     assert "Fix it in the inventory or on the -e command line." in run.stdout
-    # Nothing ran or changed after the check: no copy of the scripts, no verification, no report.
+    # Nothing ran or changed after the check: no copy of the scripts, no verification; the report (written after
+    # every step that can fail a host) says FAIL with the option's message, as the exit code says.
     assert "TASK [gpu_fleet.tf_hosts.gpu_verify : Copy the verification scripts" not in run.stdout
     assert "TASK [gpu_fleet.tf_hosts.gpu_verify : Run the checks" not in run.stdout
     checked = "TASK [gpu_fleet.tf_hosts.gpu_verify : Stop when no earlier task of the run resolved the pinned stacks"
     assert checked in run.stdout
-    assert list(reports.iterdir()) == []
+    host = _host(json.loads(latest_report(reports, MOLECULE_INVENTORY).read_text()), A)
+    assert host["status"] == "FAIL" and any(message in problem["cause"] for problem in host["problems"]), host
 
 
 def test_a_bad_verification_option_stops_site_yml_in_preflight(tmp_path_factory):
