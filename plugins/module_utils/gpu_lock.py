@@ -147,7 +147,7 @@ def _python_fits(python_tags: str, abi_tags: str, series: str) -> bool:
     alternatives): ``pyX``/``pyXZ`` (Z <= Y) with ABI ``none``, ``cpXY`` with ``cpXY``, ``abi3`` or
     ``none``, ``cpXZ`` (Z < Y) with ``abi3`` - the tags pip accepts (PEP 425, PEP 384; packaging.tags,
     cpython_tags and compatible_tags)."""
-    major, _, minor = series.partition(".")
+    major, minor = (series.split(".") + [""])[:2]
     abis = set(abi_tags.split("."))
     for tag in python_tags.split("."):
         match = _PYTHON_TAG.match(tag)
