@@ -9,11 +9,12 @@ and module plugins, and computes:
 - the include depth from playbooks/site.yml (include edges in the longest chain) and that chain;
 - the published facts (``<role>_*`` names set by ``set_fact``, ``register`` or a plugin's
   ``ansible_facts``) with their writers and readers, and the names with more than one writer file;
-- the templated values (``{{``/``{%``) in roles/ longer than 300 characters;
+- the templated values (``{{``/``{%``) in roles/ and playbooks/ longer than 300 characters;
 - the README's length.
 
 Only the source is read: no role runs. A templated include name is reported and counts an edge to
-each file its literal parts match (none when it has none).
+each file named in quotes inside it, or else to each file its literal parts match (none when it has
+none).
 
     tools/house_map.py              a short table of the figures against their targets
     tools/house_map.py --json       everything, for machines
@@ -46,6 +47,7 @@ LONG_VALUE = 300
 VERY_LONG_VALUE = 600
 TEMPLATED = re.compile(r"{{|{%")
 TEMPLATE_PART = re.compile(r"{{.*?}}|{%.*?%}")
+QUOTED_FILE = re.compile(r"""['"]([^'"{}]+\.ya?ml)['"]""")
 INCLUDES = {"include_role", "import_role", "include_tasks", "import_tasks", "import_playbook"}
 ROLE_INCLUDES = {"include_role", "import_role"}
 # Strings in a plugin that document it; a name they mention is not read.
@@ -66,7 +68,7 @@ MEASURES = {
     "entry_points_used_from_outside": "role entry points used from outside their role",
     "include_depth": "include depth from `playbooks/site.yml`",
     "multi_writer_facts": "published facts with more than one writer file",
-    "templated_values_over_300": "templated values in roles/ over 300 characters",
+    "templated_values_over_300": "templated values in roles/ and playbooks/ over 300 characters",
     "readme_lines": "README.md lines",
 }
 
@@ -103,7 +105,7 @@ class Writer:
 
 @dataclass(frozen=True)
 class LongValue:
-    """A templated string value in roles/ longer than LONG_VALUE characters."""
+    """A templated string value in roles/ or playbooks/ longer than LONG_VALUE characters."""
 
     path: str
     key: str
@@ -196,11 +198,17 @@ def task_sources(root: Path) -> dict[str, list[tuple[str, dict[str, Any]]]]:
 
 
 def glob_candidates(folder: Path, written: str) -> list[Path]:
-    """Files in ``folder`` a templated name can be: its template parts as wildcards. A name whose
-    literal parts are only a file extension matches nothing."""
+    """Files in ``folder`` a templated name can be: the file names quoted inside its template parts
+    (``{{ 'a.yml' if x else 'b.yml' }}``), else its template parts as wildcards. A name whose literal
+    parts are only a file extension matches nothing."""
+    if not folder.is_dir():
+        return []
+    quoted = [q for part in TEMPLATE_PART.findall(written) for q in QUOTED_FILE.findall(part)]
+    if quoted:
+        return sorted({folder / q for q in quoted if (folder / q).is_file()})
     pattern = TEMPLATE_PART.sub("*", written)
     literal = re.sub(r"\*|\.ya?ml$", "", pattern)
-    if not literal.strip("/") or not folder.is_dir():
+    if not literal.strip("/"):
         return []
     return sorted(p for p in folder.glob(pattern) if p.is_file())
 
@@ -419,9 +427,12 @@ def walk_values(value: Any, key: str = "") -> Iterator[tuple[str, str]]:
 
 
 def long_templated_values(root: Path) -> list[LongValue]:
+    """The templated values over LONG_VALUE characters in the roles' tasks, vars, defaults and
+    handlers and in playbooks/ (plays and their task files)."""
     found = []
-    for kind in ("tasks", "vars", "defaults", "handlers"):
-        for path in sorted(root.glob(f"roles/*/{kind}/**/*.yml")):
+    patterns = [f"roles/*/{kind}/**/*.yml" for kind in ("tasks", "vars", "defaults", "handlers")]
+    for pattern in [*patterns, "playbooks/*.yml", "playbooks/tasks/*.yml"]:
+        for path in sorted(root.glob(pattern)):
             for key, value in walk_values(load_yaml(path)):
                 if TEMPLATED.search(value) and len(value) > LONG_VALUE:
                     found.append(LongValue(rel(root, path), key, len(value)))
@@ -598,7 +609,7 @@ def markdown_other_figures(house: House) -> list[str]:
     """Figures with no target of their own, to read beside the table."""
     lines = [
         f"- `tasks_from` anywhere (roles and playbooks): {len(tasks_from_uses(house))}.",
-        f"- Templated values in roles/ over {VERY_LONG_VALUE} characters: "
+        f"- Templated values in roles/ and playbooks/ over {VERY_LONG_VALUE} characters: "
         f"{sum(v.length > VERY_LONG_VALUE for v in house.long_values)} (`tools/house_map.py --json` lists them all).",
     ]
     for include in templated_includes(house):

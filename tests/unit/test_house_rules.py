@@ -6,6 +6,8 @@
 - No product or tool function longer than a screen (60 lines).
 - No code comment names one of this project's issues: comments say why (a public tracker's issue, named
   with its repository or URL, is a source and may be cited).
+- The verification's tail (health, verification, record) is written once, in playbooks/tasks/verification.yml,
+  which playbooks/verify.yml and playbooks/reprovision.yml import.
 """
 
 from __future__ import annotations
@@ -209,3 +211,49 @@ def test_no_comment_names_a_project_issue():
         for line in own_issue_mentions(path.read_text(encoding="utf-8", errors="replace"))
     ]
     assert found == [], "say why instead of naming an issue number:\n" + "\n".join(found)
+
+
+# The role entry points that make up the verification's tail; only its one file may call them.
+TAIL_FILE = "playbooks/tasks/verification.yml"
+TAIL_STEPS = {("gpu_health", "main"), ("gpu_verify", "main"), ("gpu_health", "record")}
+
+
+def role_calls(tasks: object) -> list[tuple[str, str]]:
+    """(role, entry point) of every include_role/import_role in a task list or play list, blocks opened."""
+    found = []
+    for item in tasks if isinstance(tasks, list) else []:
+        if not isinstance(item, dict):
+            continue
+        for section in ("block", "rescue", "always", "tasks", "pre_tasks", "post_tasks", "roles"):
+            found += role_calls(item.get(section))
+        for key, args in item.items():
+            if str(key).rsplit(".", 1)[-1] in ("include_role", "import_role") and isinstance(args, dict):
+                found.append((str(args.get("name", "")).rsplit(".", 1)[-1], str(args.get("tasks_from", "main"))))
+    return found
+
+
+def tail_copies(root: Path) -> dict[str, list[tuple[str, str]]]:
+    """The playbook files other than the tail's own that call one of its steps, with the steps."""
+    found = {}
+    for path in sorted([*root.glob("playbooks/*.yml"), *root.glob("playbooks/tasks/*.yml")]):
+        name = path.relative_to(root).as_posix()
+        steps = [c for c in role_calls(yaml.safe_load(path.read_text(encoding="utf-8"))) if c in TAIL_STEPS]
+        if steps and name != TAIL_FILE:
+            found[name] = steps
+    return found
+
+
+def test_the_verification_tail_is_written_once():
+    assert (ROOT / TAIL_FILE).is_file()
+    assert set(role_calls(yaml.safe_load((ROOT / TAIL_FILE).read_text(encoding="utf-8")))) >= TAIL_STEPS
+    assert tail_copies(ROOT) == {}, f"import {TAIL_FILE} instead of spelling its steps out again"
+
+
+def test_a_second_copy_of_the_verification_tail_is_found(tmp_path):
+    (tmp_path / "playbooks" / "tasks").mkdir(parents=True)
+    (tmp_path / TAIL_FILE).write_text((ROOT / TAIL_FILE).read_text(encoding="utf-8"))
+    (tmp_path / "playbooks" / "again.yml").write_text(
+        "- hosts: all\n  tasks:\n    - block:\n        - ansible.builtin.import_role: {name: gpu_fleet.tf_hosts.gpu_verify}\n"
+        "      always:\n        - ansible.builtin.include_role: {name: gpu_health, tasks_from: record}\n"
+    )
+    assert tail_copies(tmp_path) == {"playbooks/again.yml": [("gpu_verify", "main"), ("gpu_health", "record")]}

@@ -74,12 +74,17 @@ def test_role_readme_tables_keep_their_columns(role):
 
 
 def _role_tasks(tasks: list | None) -> list[dict]:
-    """The tasks of a play section with every block's tasks in its place."""
+    """The tasks of a play section with every block's tasks in its place, and the tasks of each task file of
+    playbooks/tasks it imports (as Ansible runs them there)."""
     found = []
     for task in tasks or []:
-        found += (
-            _role_tasks(task["block"] + task.get("rescue", []) + task.get("always", [])) if "block" in task else [task]
-        )
+        imported = task.get("ansible.builtin.import_tasks")
+        if "block" in task:
+            found += _role_tasks(task["block"] + task.get("rescue", []) + task.get("always", []))
+        elif isinstance(imported, str) and (ROOT / "playbooks" / imported).is_file():
+            found += _role_tasks(yaml.safe_load((ROOT / "playbooks" / imported).read_text()))
+        else:
+            found.append(task)
     return found
 
 
