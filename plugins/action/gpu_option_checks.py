@@ -35,7 +35,7 @@ from ansible_collections.gpu_fleet.tf_hosts.plugins.lookup.collection_path impor
 from ansible_collections.gpu_fleet.tf_hosts.plugins.plugin_utils.role_input import role_input
 
 # The roles of site.yml's phases after preflight, in their order: preflight checks their options.
-ROLES = ("nvidia_driver", "cuda_toolkit", "cudnn", "gpu_env", "tf_venv", "gpu_health", "gpu_verify")
+ROLES = ("nvidia_driver", "cuda_toolkit", "cudnn", "gpu_env", "tf_venv", "gpu_health", "gpu_verify", "gpu_mig")
 # The roles with rules of their own beyond their argument specification: the options the rules read and the rules.
 RULES: dict[str, tuple[tuple[str, ...], Callable[[dict[str, Any]], list[str]]]] = {
     "cuda_toolkit": (gpu_cuda.OPTIONS, gpu_cuda.gpu_cuda_option_problems),

@@ -160,6 +160,23 @@ def gpu_verify_switch_note(switch: dict[str, Any]) -> str:
     return MESSAGES[key].format(old=switch.get("from"), new=switch.get("to"))
 
 
+def gpu_verify_mig(results: dict[str, dict[str, Any]], mig: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The host's results (``{stack: document}``), each stack failed with check ``mig`` where the MIG devices of
+    ``nvidia-smi -L`` differ from gpu_mig_layout (``mig``: the result of gpu_mig, state verified)."""
+    found = [f"GPU {index}: {text}" for index, text in sorted((mig.get("differences") or {}).items())]
+    found += list(mig.get("problems") or [])
+    if not found:
+        return results
+    problem = {
+        "check": "mig",
+        "cause": f"The MIG devices differ from gpu_mig_layout ({mig.get('devices', 0)} asked for): {'; '.join(found)}.",
+        "fix": "Run playbooks/driver.yml with gpu_mig_enabled (it lays them out on idle GPUs), or fix gpu_mig_layout.",
+    }
+    return {
+        stack: dict(doc, ok=False, problems=[*(doc.get("problems") or []), problem]) for stack, doc in results.items()
+    }
+
+
 class FilterModule:
     """gpu_verify's wiring filters."""
 
@@ -171,4 +188,5 @@ class FilterModule:
             "gpu_verify_results": gpu_verify_results,
             "gpu_verify_failure": gpu_verify_failure,
             "gpu_verify_switch_note": gpu_verify_switch_note,
+            "gpu_verify_mig": gpu_verify_mig,
         }

@@ -1,0 +1,193 @@
+#!/usr/bin/python
+# Copyright: gpu-fleet maintainers
+# Apache License 2.0 (see galaxy.yml)
+"""Ansible module gpu_mig: check, apply or verify a MIG layout with nvidia-smi."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: gpu_mig
+short_description: Check, apply or verify a MIG layout of the host's NVIDIA GPUs
+description:
+  - Reads the GPUs and their MIG devices with C(nvidia-smi -L) and their MIG mode with
+    C(nvidia-smi --query-gpu=index,mig.mode.current,mig.mode.pending --format=csv,noheader).
+  - O(state=checked) checks the layout against the GPUs' models (O(models)) and changes nothing; with O(gpus)
+    given (the C(gpu_facts.gpus) of M(gpu_fleet.tf_hosts.nvidia_gpu_facts)) it runs no command at all.
+  - O(state=applied) changes only the GPUs whose MIG mode or MIG devices differ from the layout, and only when
+    none of them runs a compute application (C(nvidia-smi --query-compute-apps)); else it fails with the
+    processes and the fix. For each such GPU it destroys the compute and GPU instances
+    (C(nvidia-smi mig -i N -dci), C(-dgi)), sets the MIG mode (C(nvidia-smi -i N -mig 1|0)) and creates the
+    layout's GPU instances, each with its default compute instance (C(nvidia-smi mig -i N -cgi P,P -C)).
+    A mode change that stays pending (the GPU needs a reset or the host a reboot) is returned in
+    RV(pending), and no instance is created on that GPU.
+  - O(state=verified) only reads, and returns in RV(differences) each GPU whose MIG devices differ.
+  - "Source: NVIDIA Multi-Instance GPU User Guide (https://docs.nvidia.com/datacenter/tesla/mig-user-guide/),
+    sections Getting Started with MIG and Supported MIG Profiles."
+version_added: "0.20.0"
+author:
+  - gpu-fleet maintainers (!UNKNOWN)
+options:
+  layout:
+    description:
+      - List of C({gpus, profiles}); C(gpus) is C(all) or a list of GPU indices, C(profiles) the GPU instance
+        profiles of each of those GPUs (an empty list turns MIG mode off). GPUs not named are left alone.
+    type: list
+    elements: dict
+    required: true
+  models:
+    description:
+      - List of C({match, profiles}); C(match) is a regular expression searched in the GPU's name, C(profiles)
+        maps each profile name to C({instances, memory_slices}). Needed by O(state=checked) and O(state=applied).
+    type: list
+    elements: dict
+    default: []
+  gpus:
+    description: C([{index, name}]) to check against instead of asking nvidia-smi (O(state=checked) only).
+    type: list
+    elements: dict
+  state:
+    description: What to do with the layout.
+    type: str
+    choices: [checked, applied, verified]
+    default: applied
+  nvidia_smi:
+    description: Name or path of nvidia-smi.
+    type: str
+    default: nvidia-smi
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: none
+  platform:
+    platforms: posix
+"""
+
+EXAMPLES = r"""
+- name: Two 3g.40gb instances on each GPU
+  gpu_fleet.tf_hosts.gpu_mig:
+    layout: [{gpus: all, profiles: [3g.40gb, 3g.40gb]}]
+    models: "{{ my_models }}"
+"""
+
+RETURN = r"""
+differences:
+  description: "C({index: what differs}) before any change, for each GPU the layout names whose state differs."
+  returned: always
+  type: dict
+devices:
+  description: The number of MIG devices the layout asks for on this host.
+  returned: always
+  type: int
+changed_gpus:
+  description: The indices of the GPUs this run changed (or would change, in check mode).
+  returned: always
+  type: list
+  elements: int
+problems:
+  description: With O(state=verified), what is wrong with the layout on this host (a GPU it names is missing).
+  returned: when O(state=verified)
+  type: list
+  elements: str
+pending:
+  description: The indices of the GPUs whose MIG mode change waits for a GPU reset or a reboot.
+  returned: always
+  type: list
+  elements: int
+"""
+
+from ansible.module_utils.basic import AnsibleModule  # noqa: E402  (imports follow the documentation blocks, as ansible-test validate-modules requires)
+from ansible_collections.gpu_fleet.tf_hosts.plugins.module_utils import gpu_mig  # noqa: E402
+
+ARGUMENT_SPEC = {
+    "layout": {"type": "list", "elements": "dict", "required": True},
+    "models": {"type": "list", "elements": "dict", "default": []},
+    "gpus": {"type": "list", "elements": "dict"},
+    "state": {"type": "str", "choices": ["checked", "applied", "verified"], "default": "applied"},
+    "nvidia_smi": {"type": "str", "default": "nvidia-smi"},
+}
+APPS = "--query-compute-apps=pid,process_name,gpu_uuid"
+MODES = "--query-gpu=index,mig.mode.current,mig.mode.pending"
+
+
+def smi(module: AnsibleModule, *args: str) -> str:
+    """nvidia-smi's stdout; a failure fails the module with its output."""
+    argv = [module.params["nvidia_smi"], *args]
+    rc, out, err = module.run_command(argv)
+    if rc != 0:
+        module.fail_json(msg=f"{' '.join(argv)} failed (exit {rc}): {(out + err).strip()}", rc=rc)
+    return out
+
+
+def read_state(module: AnsibleModule) -> tuple[dict, dict]:
+    """(``nvidia-smi -L`` parsed, the MIG modes)."""
+    return gpu_mig.parse_list(smi(module, "-L")), gpu_mig.parse_modes(smi(module, MODES, "--format=csv,noheader"))
+
+
+def busy_problem(module: AnsibleModule, listed: dict, indices: list[int]) -> str | None:
+    """The compute applications on the GPUs to change, with the fix; None when there are none."""
+    uuids = {listed[i]["uuid"]: i for i in indices}
+    apps = [line.split(",") for line in smi(module, APPS, "--format=csv,noheader").splitlines() if line.strip()]
+    busy = [
+        f"pid {a[0].strip()} ({a[1].strip()}) on GPU {uuids[a[2].strip()]}"
+        for a in apps
+        if len(a) == 3 and a[2].strip() in uuids
+    ]
+    if not busy:
+        return None
+    return (f"The MIG layout of GPUs {indices} differs, but compute applications run on them: {'; '.join(busy)}. "
+            "A MIG change needs idle GPUs. Drain the host (stop those processes, or drain it in the scheduler) "
+            "and run again; nothing was changed.")  # fmt: skip
+
+
+def apply_gpu(module: AnsibleModule, index: int, profiles: list[str], mode: str) -> bool:
+    """Bring one GPU to its layout; False when its MIG mode change is pending (a reset or reboot first)."""
+    gpu = str(index)
+    if mode == "Enabled":
+        for clear in ("-dci", "-dgi"):  # nothing to destroy exits non-zero: read as done
+            module.run_command([module.params["nvidia_smi"], "mig", "-i", gpu, clear])
+    wanted = "Enabled" if profiles else "Disabled"
+    if mode != wanted:
+        smi(module, "-i", gpu, "-mig", "1" if profiles else "0")
+        if (
+            gpu_mig.parse_modes(smi(module, MODES, "--format=csv,noheader", "-i", gpu)).get(index, {}).get("current")
+            != wanted
+        ):
+            return False
+    if profiles:
+        smi(module, "mig", "-i", gpu, "-cgi", ",".join(gpu_mig.creation_order(profiles)), "-C")
+    return True
+
+
+def main() -> None:
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    params = module.params
+    if params["state"] == "checked" and params["gpus"] is not None:
+        listed, modes = {g["index"]: {"name": g["name"], "mig": []} for g in params["gpus"]}, {}
+    else:
+        listed, modes = read_state(module)
+    gpus = [{"index": i, "name": g["name"]} for i, g in sorted(listed.items())]
+    wanted, problems = gpu_mig.desired_layout(params["layout"], sorted(listed))
+    result = {"changed": False, "devices": sum(len(p) for p in wanted.values()), "changed_gpus": [], "pending": []}
+    if params["state"] == "verified":  # only reads: what differs, the layout's own problems included
+        found = gpu_mig.differences(wanted, listed, modes)
+        module.exit_json(differences=found, problems=problems, **result)
+    problems = gpu_mig.layout_problems(params["layout"], gpus, params["models"])
+    if problems:
+        module.fail_json(msg=" ".join(problems), problems=problems, **result)
+    result["differences"] = {} if params["state"] == "checked" else gpu_mig.differences(wanted, listed, modes)
+    if params["state"] != "applied" or not result["differences"]:
+        module.exit_json(**result)
+    to_change = sorted(result["differences"])
+    busy = busy_problem(module, listed, to_change)
+    if busy:
+        module.fail_json(msg=busy, **result)
+    result.update(changed=True, changed_gpus=to_change)
+    if not module.check_mode:
+        result["pending"] = [i for i in to_change if not apply_gpu(module, i, wanted[i], modes[i]["current"])]
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()
