@@ -23,11 +23,12 @@ MIG_LINE = re.compile(r"^\s+MIG (\S+)\s+Device\s+(\d+): \(UUID: (MIG-[^)]+)\)$")
 FIX_LAYOUT = "Fix gpu_mig_layout (see the gpu_mig role's README for the profiles of each model)."
 
 
-def model_profiles(name: str, models: list[dict[str, Any]]) -> dict[str, Any] | None:
+def model_profiles(gpu: dict[str, Any], models: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The profiles (``{profile: {instances, memory_slices}}``) of the first model whose ``match`` (a regular
-    expression) is found in the GPU's name; None for a GPU without MIG in the table."""
+    expression) is found in the GPU's ``name``, or whose ``pci_ids`` hold its ``device_id`` (a GPU known only
+    from the PCI bus); None for a GPU without MIG in the table."""
     for model in models:
-        if re.search(model["match"], name):
+        if re.search(model["match"], gpu.get("name") or "") or gpu.get("device_id") in model.get("pci_ids", []):
             return model["profiles"]
     return None
 
@@ -84,9 +85,11 @@ def layout_problems(
 ) -> list[str]:
     """Every problem of the layout on these GPUs (``[{index, name}]``), before any change."""
     wanted, problems = desired_layout(layout, [gpu["index"] for gpu in gpus])
-    names = {gpu["index"]: gpu["name"] for gpu in gpus}
+    known = {gpu["index"]: gpu for gpu in gpus}
     for index, profiles in sorted(wanted.items()):
-        problems += fit_problems(index, names[index], profiles, model_profiles(names[index], models))
+        gpu = known[index]
+        name = gpu.get("name") or f"PCI device {gpu.get('device_id')}"
+        problems += fit_problems(index, name, profiles, model_profiles(gpu, models))
     return problems
 
 

@@ -24,7 +24,7 @@ description:
   - O(state=verified) only reads, and returns in RV(differences) each GPU whose MIG devices differ.
   - "Source: NVIDIA Multi-Instance GPU User Guide (https://docs.nvidia.com/datacenter/tesla/mig-user-guide/),
     sections Getting Started with MIG and Supported MIG Profiles."
-version_added: "0.20.0"
+version_added: "0.19.0"
 author:
   - gpu-fleet maintainers (!UNKNOWN)
 options:
@@ -43,7 +43,10 @@ options:
     elements: dict
     default: []
   gpus:
-    description: C([{index, name}]) to check against instead of asking nvidia-smi (O(state=checked) only).
+    description:
+      - The GPUs to check against instead of asking nvidia-smi (O(state=checked) only), each C({index, name}) (the
+        C(gpu_facts.gpus) of M(gpu_fleet.tf_hosts.nvidia_gpu_facts)), or C({device_id}) in the GPUs' order (its
+        C(gpu_facts.pci_gpus), sorted by bus ID, before a driver answers).
     type: list
     elements: dict
   state:
@@ -164,10 +167,10 @@ def main() -> None:
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     params = module.params
     if params["state"] == "checked" and params["gpus"] is not None:
-        listed, modes = {g["index"]: {"name": g["name"], "mig": []} for g in params["gpus"]}, {}
+        listed, modes = {g.get("index", n): dict(g, mig=[]) for n, g in enumerate(params["gpus"])}, {}
     else:
         listed, modes = read_state(module)
-    gpus = [{"index": i, "name": g["name"]} for i, g in sorted(listed.items())]
+    gpus = [{"index": i, "name": g.get("name"), "device_id": g.get("device_id")} for i, g in sorted(listed.items())]
     wanted, problems = gpu_mig.desired_layout(params["layout"], sorted(listed))
     result = {"changed": False, "devices": sum(len(p) for p in wanted.values()), "changed_gpus": [], "pending": []}
     if params["state"] == "verified":  # only reads: what differs, the layout's own problems included

@@ -470,6 +470,12 @@ CASES = [
         {"gpu_health_kernel_log": "kern.log"},
         ("gpu_health_kernel_log is kern.log", "the absolute path of a kernel log file", "Fix it in the inventory"),
     ),
+    # A MIG profile of the A100 40GB on the sandbox's A100 80GB GPUs (known by their PCI IDs before any driver).
+    Case(
+        "mig_profile_unknown",
+        {"gpu_mig_enabled": True, "gpu_mig_layout": [{"gpus": "all", "profiles": ["3g.20gb"]}]},
+        ("GPU 0 (PCI device 10de:20b2) has no MIG profile 3g.20gb", "3g.40gb", "Fix gpu_mig_layout"),
+    ),
 ]
 
 

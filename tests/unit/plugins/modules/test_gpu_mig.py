@@ -114,3 +114,18 @@ def test_verified_names_each_gpu_that_differs(host, capsys):
 def test_check_mode_changes_nothing(host, capsys):
     result = run(host, capsys, [{"gpus": [0], "profiles": ["7g.80gb"]}], check_mode=True)
     assert result["changed"] and mig_lines(host) == []
+
+
+def test_checked_before_a_driver_knows_the_gpus_by_their_pci_ids(capsys):
+    bus = [
+        {"pci_bus_id": "0000:07:00.0", "device_id": "10de:20b2"},
+        {"pci_bus_id": "0000:0f:00.0", "device_id": "10de:2204"},
+    ]
+    args = {"layout": [{"gpus": [0], "profiles": ["3g.40gb"]}], "models": MODELS, "state": "checked", "gpus": bus}
+    with patch_module_args(args), pytest.raises(SystemExit):
+        gpu_mig.main()
+    assert not json.loads(capsys.readouterr().out).get("failed")  # 10de:20b2 is an A100 80GB
+    args["layout"] = [{"gpus": [1], "profiles": ["3g.40gb"]}]
+    with patch_module_args(args), pytest.raises(SystemExit):
+        gpu_mig.main()
+    assert "GPU 1 (PCI device 10de:2204) has no MIG profiles" in json.loads(capsys.readouterr().out)["msg"]
