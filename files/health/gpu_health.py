@@ -8,6 +8,7 @@ One run reads, each command under ``--timeout`` seconds (killed, with its childr
   out and its check runs without it, named in ``skipped`` as ``partly: ...``; only a rejected identity
   field, index, pci.bus_id, uuid, name or driver_version, means could not check);
 - ``nvidia-smi nvlink -s``;
+- only when the baseline has ``mig_devices``: ``nvidia-smi -L``, whose MIG lines it counts;
 - only when the ecc check has a finding, for each GPU it names: ``nvidia-smi -q -d
   ECC,PAGE_RETIREMENT,ROW_REMAPPER -i <bus id>``, whose remapped rows, retired pages and uncorrectable
   ECC counts end each of that GPU's ecc findings (gpu_health_checks.py). It never changes the verdict: when
@@ -28,7 +29,8 @@ One run reads, each command under ``--timeout`` seconds (killed, with its childr
   SIGKILL 30 s later. It runs last, and not when nvidia-smi could not list the GPUs.
 
 It judges them with one pure function per check, each returning findings ``{"check", "bus_id",
-"cause", "fix"}`` (bus_id None for the host): ``gpus`` (count, and each bus id of the baseline),
+"cause", "fix"}`` (bus_id None for the host): ``gpus`` (count, each bus id of the baseline, and the MIG
+devices of ``nvidia-smi -L`` where the baseline has ``mig_devices``),
 ``pci`` (a GPU of the baseline gone from the PCI bus, a GPU on the bus that nvidia-smi does not
 list, the count on the bus below expected_gpus), ``pcie`` (link width below its maximum or the
 baseline; link generation maximum below the baseline), ``nvlink`` (active links below the
@@ -97,6 +99,8 @@ part of the file)::
           "fabric_manager_expected": true    # NVSwitch system: its links need nvidia-fabricmanager,
         }                                    # which must be active (on any GPU: checked for the host)
       },
+      "mig_devices": 4,                      # optional; absent or null: not judged. The MIG devices
+                                             # nvidia-smi -L lists (its "  MIG ..." lines), check gpus
       "stacks": {                            # optional; absent or {}: no venv is judged
         "tf-2.12": {                         # a TensorFlow stack's name
           "venv": "/opt/tensorflow/2.12",    # absolute paths
@@ -108,7 +112,8 @@ part of the file)::
 ``--record-baseline`` writes that file (atomically: a temporary file renamed over it) from what the
 host shows now: nvidia-smi's GPUs with their PCIe link and active NVLinks (``nvidia-smi nvlink
 -s``), plus ``--expected-gpus N`` (required), ``--driver-version V`` (else null),
-``--fabric-manager-expected`` (on every GPU) and each ``--stack NAME=VENV[,LOCK]``. It records only
+``--fabric-manager-expected`` (on every GPU), ``--mig-devices N`` (the MIG devices of the host's MIG layout,
+which gpu_verify counted) and each ``--stack NAME=VENV[,LOCK]``. It records only
 from a healthy host: when nvidia-smi lists other than N GPUs, or any check but xid (which reads the
 kernel log since a last check) finds anything against the baseline it would write (a degraded PCIe
 link, ECC errors pending, persistence off, a GPU off the PCI bus, the fabric manager down, a venv
@@ -245,6 +250,11 @@ FIX_BASELINE = (
     "Run the GPU verification (the gpu_verify role), which writes the baseline when it passes, "
     "or pass --baseline with the path."
 )
+FIX_MIG = (
+    "Someone changed the MIG instances by hand, or a GPU was reset: run playbooks/driver.yml with the host's "
+    "gpu_mig_layout on idle GPUs (the gpu_mig role lays it out again)."
+)
+MIG_LINE = re.compile(r"^\s+MIG \S+\s+Device\s+\d+: \(UUID: MIG-")
 FIX_GPU_MISSING = (
     f"Look for Xid 79 in {JOURNAL} and for the GPU in `lspci -d 10de:`; drain the host and "
     "reboot, and reseat or RMA a GPU that stays missing."
@@ -636,6 +646,9 @@ def validate_baseline(document: Any) -> dict[str, Any]:
     driver = document.get("driver_version")
     if driver is not None and not isinstance(driver, str):
         raise ValueError(f"driver_version is {driver!r}, not a string or null")
+    mig = document.get("mig_devices")
+    if mig is not None and not _is_count(mig):
+        raise ValueError(f"mig_devices is {mig!r}, not a whole number >= 0 or null")
     gpus = document.get("gpus")
     gpus = {} if gpus is None else gpus
     if not isinstance(gpus, dict):
@@ -643,6 +656,7 @@ def validate_baseline(document: Any) -> dict[str, Any]:
     return {
         "expected_gpus": expected,
         "driver_version": driver,
+        "mig_devices": mig,
         "gpus": {gpu_parsers.normalize_bus_id(bus): _baseline_gpu(bus, entry) for bus, entry in gpus.items()},
         "stacks": checks.validate_stacks(document.get("stacks")),
     }
@@ -800,6 +814,25 @@ def judge_gpus(gpus: list[dict[str, Any]], baseline: dict[str, Any]) -> list[Fin
     elif len(gpus) > expected:
         findings.append(finding("gpus", None, count[:1].upper() + count[1:], FIX_GPU_EXTRA))
     return findings
+
+
+def count_mig_devices(nvidia_smi: str, timeout: float) -> int:
+    """The MIG devices of ``nvidia-smi -L``: one ``  MIG <profile> Device <n>: (UUID: MIG-...)`` line each, under
+    its GPU (NVIDIA Multi-Instance GPU User Guide, https://docs.nvidia.com/datacenter/tesla/mig-user-guide/,
+    "Getting Started with MIG")."""
+    result = run_nvidia_smi([nvidia_smi, "-L"], timeout)
+    if result.rc != 0:
+        raise smi_failed(f"{nvidia_smi} -L", result.rc, result.stdout + result.stderr)
+    return sum(1 for line in result.stdout.splitlines() if MIG_LINE.match(line))
+
+
+def judge_mig(observed: int | None, baseline: dict[str, Any]) -> list[Finding]:
+    """The MIG devices against the baseline's ``mig_devices`` (check gpus); none judged without one."""
+    expected = baseline.get("mig_devices")
+    if expected is None or observed is None or observed == expected:
+        return []
+    cause = f"nvidia-smi -L lists {observed} MIG devices; the baseline (the host's MIG layout) expects {expected}."
+    return [finding("gpus", None, cause, FIX_MIG)]
 
 
 def _width_references(width_max: int | None, baseline_width: int | None) -> str:
@@ -1044,7 +1077,11 @@ def judge(
     if gpus is not None:  # None: nvidia-smi could not talk to the driver, only the checks above apply
         results.update(
             nvidia_smi=[],  # it answered (a hang ends the check before: hung_report)
-            **({"gpus": judge_gpus(gpus, baseline)} if baseline["expected_gpus"] is not None else {}),
+            **(
+                {"gpus": judge_gpus(gpus, baseline) + judge_mig(observed.get("mig_devices"), baseline)}
+                if baseline["expected_gpus"] is not None
+                else {}
+            ),
             pcie=judge_pcie(gpus, baseline, verified),
             nvlink=judge_nvlink(gpus, observed["nvlink"], observed["nvlink_error"], baseline),
             ecc=judge_ecc(gpus),
@@ -1068,9 +1105,12 @@ def read_fabric_manager(systemctl: str, timeout: float) -> dict[str, str | None]
     return checks.fabric_manager_answer(" ".join(argv), result.stdout, result.stderr)
 
 
-def observe_devices(args: argparse.Namespace, fabric_expected: bool, stacks: dict[str, Any]) -> dict[str, Any]:
-    """nvidia-smi, the loaded module, the PCI bus, the fabric manager (asked only when expected) and
-    the stacks' venvs (``{name: {"venv", "lock"}}``): what both the check and --record-baseline read."""
+def observe_devices(
+    args: argparse.Namespace, fabric_expected: bool, stacks: dict[str, Any], mig: bool = False
+) -> dict[str, Any]:
+    """nvidia-smi, the loaded module, the PCI bus, the fabric manager (asked only when expected), the MIG devices
+    (counted only with ``mig``) and the stacks' venvs (``{name: {"venv", "lock"}}``): what both the check and
+    --record-baseline read."""
     gpus, mismatch, unasked = query_gpus(args.nvidia_smi, args.timeout)
     nvlink, nvlink_error = read_nvlink(args.nvidia_smi, args.timeout) if gpus else (None, None)
     listed = [gpu["pci_bus_id"] for gpu in gpus or []]
@@ -1086,13 +1126,15 @@ def observe_devices(args: argparse.Namespace, fabric_expected: bool, stacks: dic
         "pci_note": pci_note,
         "fabric_manager": fabric,
         "unasked": unasked,
+        "mig_devices": count_mig_devices(args.nvidia_smi, args.timeout) if mig and gpus else None,
         "stacks": {name: checks.read_stack(stack["venv"], stack["lock"]) for name, stack in stacks.items()},
     }
 
 
 def observe(args: argparse.Namespace, since_epoch: float | None, baseline: dict[str, Any]) -> dict[str, Any]:
     """Everything the checks read from this host (see the module docstring)."""
-    observed = observe_devices(args, checks.fabric_manager_expected(baseline), baseline["stacks"])
+    mig = baseline.get("mig_devices") is not None
+    observed = observe_devices(args, checks.fabric_manager_expected(baseline), baseline["stacks"], mig)
     observed["xid_events"] = read_kernel_log(args.kernel_log, since_epoch, args.timeout)
     level = getattr(args, "dcgm_diag", None)
     observed["dcgm"] = (
@@ -1532,6 +1574,12 @@ def gpu_count(text: str) -> int:
     return value
 
 
+def mig_count(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 0")
+    return int(text)
+
+
 def driver_version(text: str) -> str:
     if not re.match(r"^\d+(?:\.\d+)+$", text):
         raise argparse.ArgumentTypeError(f"{text!r} is not a driver version such as 550.54.15")
@@ -1601,6 +1649,12 @@ def _add_record_options(add: Any) -> None:
         help="with --record-baseline (required): GPUs nvidia-smi must list",
     )
     add("--driver-version", metavar="V", type=driver_version, help="with --record-baseline: the driver version to pin")
+    add(
+        "--mig-devices",
+        metavar="N",
+        type=mig_count,
+        help="with --record-baseline: MIG devices nvidia-smi -L must list (the host's MIG layout)",
+    )
     add(
         "--fabric-manager-expected",
         action="store_true",
@@ -1721,9 +1775,10 @@ def check_mode_options(parser: argparse.ArgumentParser, args: argparse.Namespace
     if args.record_baseline and args.expected_gpus is None:
         parser.error("--record-baseline needs --expected-gpus N, the number of GPUs this host must have")
     record_only = (args.expected_gpus, args.driver_version, args.fabric_manager_expected, args.stack)
-    if not args.record_baseline and any(value for value in record_only):
+    if not args.record_baseline and (any(value for value in record_only) or args.mig_devices is not None):
         parser.error(
-            "--expected-gpus, --driver-version, --fabric-manager-expected and --stack go with --record-baseline"
+            "--expected-gpus, --driver-version, --fabric-manager-expected, --mig-devices and --stack go with "
+            "--record-baseline"
         )
     if args.record_baseline and args.intended is not None:
         parser.error("--intended goes with the check, not with --record-baseline")
@@ -1827,6 +1882,7 @@ def baseline_document(args: argparse.Namespace, observed: dict[str, Any], now: f
         "driver_version": args.driver_version,
         "gpus": {gpu["pci_bus_id"]: recorded_gpu(gpu, observed["nvlink"], fabric) for gpu in gpus},
         "stacks": dict(args.stack or []),
+        **({"mig_devices": args.mig_devices} if args.mig_devices is not None else {}),
     }
 
 
@@ -1868,14 +1924,16 @@ def record_baseline(args: argparse.Namespace, now: float) -> dict[str, Any]:
     Raises:
         CouldNotCheck: nvidia-smi is missing, hangs or fails; the baseline cannot be written.
     """
-    observed = {**observe_devices(args, args.fabric_manager_expected, dict(args.stack or [])), "xid_events": []}
+    mig = args.mig_devices is not None
+    observed = {**observe_devices(args, args.fabric_manager_expected, dict(args.stack or []), mig), "xid_events": []}
     document = baseline_document(args, observed, now)
     baseline = validate_baseline(document)
     results = {
         **explain_ecc(
             judge(observed, baseline, {"xids": {}}, verified_widths(args.baseline)), args.nvidia_smi, args.timeout
         ),
-        "gpus": record_count(len(observed["gpus"] or []), args.expected_gpus),
+        "gpus": record_count(len(observed["gpus"] or []), args.expected_gpus)
+        + judge_mig(observed["mig_devices"], baseline),
     }
     findings = [item for check in CHECKS for item in results.get(check, [])]
     changed = not findings and not same_baseline(args.baseline, document)

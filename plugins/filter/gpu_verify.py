@@ -162,11 +162,16 @@ def gpu_verify_switch_note(switch: dict[str, Any]) -> str:
 
 def gpu_verify_mig(results: dict[str, dict[str, Any]], mig: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """The host's results (``{stack: document}``), each stack failed with check ``mig`` where the MIG devices of
-    ``nvidia-smi -L`` differ from gpu_mig_layout (``mig``: the result of gpu_mig, state verified)."""
+    ``nvidia-smi -L`` differ from gpu_mig_layout (``mig``: the result of gpu_mig, state verified), else each with
+    ``mig_devices``, their count; as they are without a MIG result (``{}``)."""
     found = [f"GPU {index}: {text}" for index, text in sorted((mig.get("differences") or {}).items())]
     found += list(mig.get("problems") or [])
-    if not found:
-        return results
+    if not found:  # the count the health check's baseline keeps (filter gpu_health_baseline_args)
+        return (
+            {stack: dict(doc, mig_devices=mig["devices"]) for stack, doc in results.items()}
+            if "devices" in mig
+            else results
+        )
     problem = {
         "check": "mig",
         "cause": f"The MIG devices differ from gpu_mig_layout ({mig.get('devices', 0)} asked for): {'; '.join(found)}.",

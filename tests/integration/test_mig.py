@@ -6,8 +6,9 @@ stand-in of this tree, which keeps its MIG state between calls):
 - a changed layout stops while a compute application runs on a GPU to change, nothing changed, and is applied
   once none runs;
 - a profile the GPU's model does not have stops preflight before any change;
-- the verification counts the MIG devices: the layout's passes; with one GPU's instances gone, the host fails with
-  check mig in the fleet report.
+- the verification counts the MIG devices: the layout's passes and the health check's baseline keeps the count;
+  with one GPU's instances gone, gpu-health finds it (check gpus) and the host fails verification with check mig
+  in the fleet report.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from sandbox_hosts import sandbox_inventory, site, start_converged, stop_contain
 pytestmark = pytest.mark.integration
 
 DESCRIPTION = "/etc/nvidia-standin/gpus.json"
+BASELINE = "/var/lib/gpu-health/baseline.json"
 DRIVER = "520.61.05"  # the sandbox's driver (inventories/sandbox), whose nvidia-smi the host has
 RECAP = re.compile(r"^(\S+)\s+: ok=\d+\s+changed=(\d+)\s+unreachable=\d+\s+failed=(\d+)", re.MULTILINE)
 LAYOUT = [{"gpus": [0], "profiles": ["3g.40gb", "3g.40gb"]}, {"gpus": [1], "profiles": ["4g.40gb", "2g.20gb"]}]
@@ -118,7 +120,12 @@ def test_the_verification_counts_the_mig_devices(host, inventory, tmp_path):
         inventory, "-e", layout_vars(layout), "-e", f"gpu_verify_report_dir={reports}", playbook="playbooks/verify.yml"
     )
     assert passed.returncode == 0, passed.stdout[-3000:]
+    assert json.loads(shell(host, f"cat {BASELINE}").stdout)["mig_devices"] == 2  # the health check's baseline
     assert shell(host, "nvidia-smi mig -i 1 -dci && nvidia-smi mig -i 1 -dgi").returncode == 0  # GPU 1's instance gone
+    health = shell(host, "gpu-health --format json")
+    assert health.returncode == 1, health.stdout + health.stderr
+    causes = [item["cause"] for item in json.loads(health.stdout)["findings"] if item["check"] == "gpus"]
+    assert causes == ["nvidia-smi -L lists 1 MIG devices; the baseline (the host's MIG layout) expects 2."]
     failed = site(
         inventory, "-e", layout_vars(layout), "-e", f"gpu_verify_report_dir={reports}", playbook="playbooks/verify.yml"
     )

@@ -284,3 +284,67 @@ def test_a_kept_baseline_names_the_width_the_last_verification_recorded(tmp_path
     (tmp_path / "state" / "baseline.json").unlink()  # no earlier verification: none named
     rest = refused(tmp_path, *record("--expected-gpus", "8", query_lines=lines))
     assert rest[0].endswith("runs at x8, expected x16 (link maximum x16)."), rest
+
+
+# --- MIG devices ------------------------------------------------------------------------------------
+# The MIG devices of ``nvidia-smi -L`` against the baseline's ``mig_devices`` (check gpus): recorded with
+# --mig-devices from a host that lists them, refused from one that does not, and a later check that lists fewer
+# finds it. Without ``mig_devices`` in the baseline nothing is counted (the other tests' nvidia-smi knows no -L).
+
+GPU = "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-0c3e8a1f-52d0-4b7e-9a61-0f4d2b8e7c00)\n"
+MIG = "  MIG 3g.40gb     Device  {n}: (UUID: MIG-0c3e8a1f-52d0-4b7e-9a61-0f4d2b8e000{n})\n"
+
+
+def listing(tmp_path: Path, devices: int) -> None:
+    """What the test nvidia-smi (tests/unit/health/conftest.py) answers to -L: one GPU with ``devices`` MIG lines."""
+    (tmp_path / "smi").mkdir(exist_ok=True)
+    (tmp_path / "smi" / "list.txt").write_text(GPU + "".join(MIG.format(n=n) for n in range(devices)))
+
+
+def check(tmp_path: Path, nvidia_smi: Any, pci_devices: Any, systemctl: Any, capsys: Any) -> dict[str, Any]:
+    (tmp_path / "kern.log").write_text("", encoding="utf-8")
+    argv = [
+        *("--baseline", str(tmp_path / "state" / "baseline.json"), "--state", "", "--format", "json"),
+        *("--nvidia-smi", nvidia_smi(), "--kernel-log", str(tmp_path / "kern.log")),
+        *("--proc-version", str(FIXTURES / "proc-driver-nvidia-version.txt")),
+        *("--pci-devices", pci_devices(BUS_IDS), "--systemctl", systemctl("active")),
+    ]
+    gpu_health.main(argv)
+    return json.loads(capsys.readouterr().out)
+
+
+def test_the_mig_devices_are_recorded_and_a_missing_one_is_found(
+    tmp_path, record, nvidia_smi, pci_devices, systemctl, capsys
+) -> None:
+    nvidia_smi()
+    listing(tmp_path, 2)
+    code, out = record("--expected-gpus", "8", "--fabric-manager-expected", "--mig-devices", "2")
+    assert code == 0, out
+    assert json.loads((tmp_path / "state" / "baseline.json").read_text())["mig_devices"] == 2
+    assert check(tmp_path, nvidia_smi, pci_devices, systemctl, capsys)["findings"] == []
+    listing(tmp_path, 1)
+    [finding] = check(tmp_path, nvidia_smi, pci_devices, systemctl, capsys)["findings"]
+    assert (
+        finding["check"] == "gpus"
+        and "lists 1 MIG devices; the baseline (the host's MIG layout) expects 2" in (finding["cause"])
+    )
+    assert "gpu_mig_layout" in finding["fix"]
+
+
+def test_a_host_without_its_mig_devices_is_refused(tmp_path, record, nvidia_smi) -> None:
+    nvidia_smi()
+    listing(tmp_path, 0)
+    code, out = record("--expected-gpus", "8", "--fabric-manager-expected", "--mig-devices", "2")
+    assert code == 2 and "lists 0 MIG devices" in out
+    assert not (tmp_path / "state" / "baseline.json").exists()
+
+
+def test_a_baseline_with_a_bad_count_is_not_usable() -> None:
+    document = {"schema": 1, "expected_gpus": 8, "gpus": {}, "mig_devices": -1}
+    try:
+        gpu_health.validate_baseline(document)
+    except ValueError as exc:
+        assert "mig_devices is -1" in str(exc)
+    else:
+        raise AssertionError("accepted")
+    assert gpu_health.validate_baseline({**document, "mig_devices": None})["mig_devices"] is None
