@@ -180,7 +180,8 @@ def gpu_health_verification_metrics(results: Any, now: float | None = None) -> s
 def gpu_health_baseline_args(results: Any, stacks: list[dict[str, Any]]) -> list[str]:
     """``{{ gpu_verify_results | gpu_fleet.tf_hosts.gpu_health_baseline_args(gpu_preflight_resolved_stacks) }}``:
     ``--expected-gpus``, ``--driver-version``, ``--fabric-manager-expected``, ``--mig-devices`` (the MIG devices
-    gpu_verify counted, filter gpu_verify_mig) and one ``--stack NAME=VENV,LOCK`` per verified stack; ``[]`` when there is no result or a stack did not pass (no baseline from that)."""
+    gpu_verify counted, filter gpu_verify_mig) and one ``--stack NAME=VENV,LOCK`` per verified stack; ``[]`` when
+    there is no result or a stack did not pass (no baseline from that)."""
     docs = _documents(results)
     if not docs or not all(doc.get("ok") is True for doc in docs):
         return []

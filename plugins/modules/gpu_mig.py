@@ -58,6 +58,8 @@ options:
     description: Name or path of nvidia-smi.
     type: str
     default: nvidia-smi
+extends_documentation_fragment:
+  - action_common_attributes
 attributes:
   check_mode:
     support: full
