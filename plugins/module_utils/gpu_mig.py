@@ -20,7 +20,7 @@ COMPUTE_SLICES = 7
 MEMORY_SLICES = 8
 GPU_LINE = re.compile(r"^GPU (\d+): (.*) \(UUID: (GPU-[^)]+)\)$")
 MIG_LINE = re.compile(r"^\s+MIG (\S+)\s+Device\s+(\d+): \(UUID: (MIG-[^)]+)\)$")
-FIX_LAYOUT = "Fix gpu_mig_layout (see the gpu_mig role's README for the profiles of each model)."
+FIX_LAYOUT = "Fix gpu_mig_layout (the collection's data/mig_profiles.yml lists the profiles of each model)."
 
 
 def model_profiles(gpu: dict[str, Any], models: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -59,8 +59,8 @@ def fit_problems(index: int, name: str, profiles: list[str], known: dict[str, An
     if not profiles:
         return []
     if known is None:
-        return [f"GPU {index} ({name}) has no MIG profiles in the gpu_mig role's table (MIG needs an A100, A30, "
-                f"H100, H200 or later data-center GPU). Leave GPU {index} out of gpu_mig_layout."]  # fmt: skip
+        return [f"GPU {index} ({name}) has no MIG profiles in data/mig_profiles.yml (its models: A100, H100, "
+                f"H200). Leave GPU {index} out of gpu_mig_layout, or add its model's profiles there."]  # fmt: skip
     unknown = sorted(set(profiles) - set(known))
     if unknown:
         return [f"GPU {index} ({name}) has no MIG profile {', '.join(unknown)}; its profiles: "
