@@ -129,3 +129,12 @@ def test_checked_before_a_driver_knows_the_gpus_by_their_pci_ids(capsys):
     with patch_module_args(args), pytest.raises(SystemExit):
         gpu_mig.main()
     assert "GPU 1 (PCI device 10de:2204) has no MIG profiles" in json.loads(capsys.readouterr().out)["msg"]
+
+
+def test_a_mode_change_that_waits_for_a_reset_is_pending_and_creates_nothing(host, capsys):
+    data = json.loads(host["description"].read_text())
+    data["gpus"][0]["mig_needs_reset"] = True
+    host["description"].write_text(json.dumps(data))
+    result = run(host, capsys, [{"gpus": "all", "profiles": ["7g.80gb"]}])
+    assert (result["changed"], result["changed_gpus"], result["pending"]) == (True, [0, 1], [0])
+    assert mig_lines(host) == ["7g.80gb"]  # GPU 1 only; GPU 0 waits for its reset
