@@ -470,6 +470,12 @@ CASES = [
         {"gpu_health_kernel_log": "kern.log"},
         ("gpu_health_kernel_log is kern.log", "the absolute path of a kernel log file", "Fix it in the inventory"),
     ),
+    # A CDI specification folder that is a file on the host (every container has /etc/hostname).
+    Case(
+        "cdi_dir_is_a_file",
+        {"gpu_containers_enabled": True, "gpu_containers_cdi_dir": "/etc/hostname"},
+        ("gpu_containers_cdi_dir /etc/hostname is a file", "not a folder of CDI", "Move the file away"),
+    ),
 ]
 
 
