@@ -61,6 +61,7 @@ def gpu_containers_problems(
     host paths that exist (``present``) and the host's GPU device files (``gpu_nodes``); ``run`` the result of
     ``<engine> run --device nvidia.com/gpu=all <image> ls /dev`` (none where no container ran)."""
     spec = _load(spec_text)
+    gpu_nodes = sorted(set(gpu_nodes))  # a file listed twice (found, and named by the specification) counts once
     if spec.get("kind") != KIND:
         return [_problem(f"{spec_path} is no CDI specification of kind {KIND}.", FIX)]
     names = [str(d.get("name")) for d in spec.get("devices") or []]

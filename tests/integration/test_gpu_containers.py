@@ -93,11 +93,11 @@ def _exec(host: str, script: str, check: bool = True) -> subprocess.CompletedPro
 
 
 def _prepare(host: str, repo: Path) -> None:
+    """The mirror in the host, the GPUs' stand-in device files, and a stand-in dockerd (the role only looks for it)."""
     subprocess.run(["podman", "cp", str(repo), f"{host}:/srv/nvidia-ctk-repo"], check=True)
     nodes = " && ".join(f"mknod {path} c 195 {minor}" for path, minor in NODES.items())
     _exec(
-        host,
-        f"{nodes} && echo 'deb [trusted=yes] file:/srv/nvidia-ctk-repo ./' > /etc/apt/sources.list.d/test-ctk.list",
+        host, f"{nodes} && printf '#!/bin/sh\\nexit 0\\n' > /usr/local/bin/dockerd && chmod 755 /usr/local/bin/dockerd"
     )
 
 
@@ -106,19 +106,20 @@ def _changed(run: subprocess.CompletedProcess) -> int:
     return sum(int(line.split("changed=")[1].split()[0]) for line in recap)
 
 
+# Run in a private mount namespace: overlays on /etc (the specification in /etc/cdi, which this Podman 4.3 reads; it
+# has no --cdi-spec-dir), /dev (the GPUs' stand-in device files) and each top folder of the files the specification
+# mounts (copied out of the host) are seen by this Podman only, and gone when it ends.
 PODMAN = textwrap.dedent(
     """\
     set -e
-    t=$1; shift
-    overlay() {{ mkdir -p "$t/o$2/u" "$t/o$2/w"; mount -t overlay overlay -o lowerdir="$1",upperdir="$t/o$2/u",workdir="$t/o$2/w" "$1"; }}
+    t=$1; f=$1/../files
+    overlay() {{ mkdir -p "$t/$2/u" "$t/$2/w"; mount -t overlay overlay -o lowerdir="$1",upperdir="$t/$2/u",workdir="$t/$2/w" "$1"; }}
     mount -t tmpfs tmpfs "$t"
-    overlay /etc 0; mkdir -p /etc/cdi; cp "$t/../spec.yaml" /etc/cdi/nvidia.yaml
-    overlay /dev 1; {nodes}
-    i=2; for d in $(cd "$t/../files" && find . -mindepth 1 -type d | sed 's/^\\.//'); do
-      [ -d "$d" ] && [ -n "$(ls -A "$t/../files$d" | head -1)" ] && {{ overlay "$d" $i; cp -a "$t/../files$d"/. "$d"/ 2>/dev/null || true; i=$((i+1)); }}
-    done
-    podman run --rm --runtime=runc --ulimit nofile=1024:1024 --ulimit nproc=4096:4096 --device nvidia.com/gpu=all {image} \\
-      sh -c 'ls /dev; ls /usr/lib/x86_64-linux-gnu'
+    overlay /etc etc; mkdir -p /etc/cdi; cp "$t/../spec.yaml" /etc/cdi/nvidia.yaml
+    overlay /dev dev; {nodes}
+    for d in $(ls "$f"); do overlay "/$d" "top-$d"; cp -a "$f/$d/." "/$d/"; done
+    podman run --rm --runtime=runc --ulimit nofile=1024:1024 --ulimit nproc=4096:4096 --device nvidia.com/gpu=all \\
+      {image} sh -c 'ls /dev; ls /usr/lib/x86_64-linux-gnu'
     """
 )
 

@@ -56,6 +56,7 @@ def test_spec_paths_are_device_nodes_and_mounts_once_each():
 
 def test_a_spec_that_matches_the_host_has_no_problems():
     assert gpu_containers_problems(SPEC, "/etc/cdi/nvidia.yaml", PATHS, NODES) == []
+    assert gpu_containers_problems(SPEC, "/etc/cdi/nvidia.yaml", PATHS, NODES + NODES) == []  # found and named
     run = {"rc": 0, "stdout_lines": ["null", "nvidia0", "nvidia1", "nvidiactl"], "cmd": ["podman", "run"]}
     assert gpu_containers_problems(SPEC, "/etc/cdi/nvidia.yaml", PATHS, NODES, run) == []
 
