@@ -126,6 +126,7 @@ PODMAN = textwrap.dedent(
 
 def _podman_from_spec(folder: Path, host: str, spec_text: str) -> subprocess.CompletedProcess:
     """This machine's Podman runs a container with every GPU from the host's specification."""
+    folder.mkdir()
     (folder / "spec.yaml").write_text(spec_text)
     files = folder / "files"
     spec = yaml.safe_load(spec_text)
