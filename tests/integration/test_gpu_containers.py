@@ -5,12 +5,12 @@ The toolkit's four packages come from a test-only signed apt repository in the h
 mirror with its key (the stand-in nvidia-ctk of tests/fixtures/nvidia_ctk packaged as nvidia-container-toolkit
 1.17.8-1, the others empty), so the role runs its repository and package path as with NVIDIA's repository; the
 host's GPU device files are stand-in character devices, and a stand-in dockerd makes the role configure Docker.
-Shows: preflight stops a CDI folder that is a file; the driver phase installs the pinned packages, holds them,
+Shows: preflight stops a CDI folder that is a file; --check writes nothing; the driver phase installs the pinned packages, holds them,
 writes /etc/cdi/nvidia.yaml; a rerun changes nothing; a new driver user space regenerates it; playbooks/verify.yml
 passes and fails the host when the specification misses a GPU; this machine's Podman runs
 `--device nvidia.com/gpu=all` from the copied specification (in a private mount namespace, with the
 specification's device files and libraries overlaid) and lists the GPUs' device files and libcuda inside.
-About 3 minutes on the 2-core machine.
+About 1.5 to 3 minutes on the 2-core machine, with the load.
 """
 
 from __future__ import annotations
@@ -163,6 +163,13 @@ def test_gpu_containers_cdi(tmp_path):
         bad = site(inventory, *on, "-e", "gpu_containers_cdi_dir=/srv/cdi-file", playbook="playbooks/preflight.yml")
         assert bad.returncode != 0
         assert "gpu_containers_cdi_dir /srv/cdi-file is a file" in bad.stdout and "Move the file away" in bad.stdout
+
+        # Check mode on a host without the toolkit: the plan, nothing written.
+        checked = site(inventory, *on, "--check", playbook="playbooks/driver.yml")
+        assert checked.returncode == 0, checked.stdout[-4000:]
+        assert (
+            _exec(host, f"ls {SPEC} /etc/apt/sources.list.d/nvidia-container-toolkit.list", check=False).returncode != 0
+        )
 
         first = site(inventory, *on, playbook="playbooks/driver.yml")
         assert first.returncode == 0, first.stdout[-4000:]
