@@ -35,7 +35,17 @@ from ansible_collections.gpu_fleet.tf_hosts.plugins.lookup.collection_path impor
 from ansible_collections.gpu_fleet.tf_hosts.plugins.plugin_utils.role_input import role_input
 
 # The roles of site.yml's phases after preflight, in their order: preflight checks their options.
-ROLES = ("nvidia_driver", "cuda_toolkit", "cudnn", "gpu_env", "tf_venv", "gpu_health", "gpu_verify", "gpu_mig")
+ROLES = (
+    "nvidia_driver",
+    "cuda_toolkit",
+    "cudnn",
+    "gpu_env",
+    "tf_venv",
+    "gpu_health",
+    "gpu_verify",
+    "gpu_mig",
+    "gpu_containers",
+)
 # The roles with rules of their own beyond their argument specification: the options the rules read and the rules.
 RULES: dict[str, tuple[tuple[str, ...], Callable[[dict[str, Any]], list[str]]]] = {
     "cuda_toolkit": (gpu_cuda.OPTIONS, gpu_cuda.gpu_cuda_option_problems),
@@ -44,7 +54,10 @@ RULES: dict[str, tuple[tuple[str, ...], Callable[[dict[str, Any]], list[str]]]] 
 }
 # Files a role writes on the host, whose paths its tasks take as they are: absolute, or the host is changed before
 # the role finds out (gpu_host_probe refuses a relative path, late in the run).
-HOST_PATHS = {"gpu_env": ("gpu_env_profile_path", "gpu_env_ld_conf_path", "gpu_env_sudoers_path")}
+HOST_PATHS = {
+    "gpu_env": ("gpu_env_profile_path", "gpu_env_ld_conf_path", "gpu_env_sudoers_path"),
+    "gpu_containers": ("gpu_containers_cdi_dir",),
+}
 # The names that start with a role's name, are no option of it, and may still be among a host's variables (the facts
 # the roles publish, the fleet report's notes, ...): never taken for a misspelt option.
 RUN_VARIABLES = "data/run_variables.yml"

@@ -40,7 +40,7 @@ options:
       - The roles whose options to check.
     type: list
     elements: str
-    choices: [nvidia_driver, cuda_toolkit, cudnn, gpu_env, tf_venv, gpu_health, gpu_verify, gpu_mig]
+    choices: [nvidia_driver, cuda_toolkit, cudnn, gpu_env, tf_venv, gpu_health, gpu_verify, gpu_mig, gpu_containers]
     required: true
 extends_documentation_fragment:
   - action_common_attributes

@@ -476,6 +476,12 @@ CASES = [
         {"gpu_mig_enabled": True, "gpu_mig_layout": [{"gpus": "all", "profiles": ["3g.20gb"]}]},
         ("GPU 0 (PCI device 10de:20b2) has no MIG profile 3g.20gb", "3g.40gb", "Fix gpu_mig_layout"),
     ),
+    # A CDI specification folder that is a file on the host (every container has /etc/hostname).
+    Case(
+        "cdi_dir_is_a_file",
+        {"gpu_containers_enabled": True, "gpu_containers_cdi_dir": "/etc/hostname"},
+        ("gpu_containers_cdi_dir /etc/hostname is a file", "not a folder of CDI", "Move the file away"),
+    ),
 ]
 
 

@@ -1,0 +1,47 @@
+"""gpu_containers' package data (roles/gpu_containers/vars/main.yml), rendered by Ansible's templar as the role
+renders it: per package manager, the four packages at exactly X.Y.Z-1 in the form NVIDIA's install guide writes
+(apt: name=X.Y.Z-1; dnf: name-X.Y.Z-1), the repository line and the query of the installed versions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from ansible.parsing.dataloader import DataLoader
+from ansible.template import Templar, trust_as_template
+
+ROOT = Path(__file__).resolve().parents[4]
+VARS = yaml.safe_load((ROOT / "roles/gpu_containers/vars/main.yml").read_text())
+DEFAULTS = yaml.safe_load((ROOT / "roles/gpu_containers/defaults/main.yml").read_text())
+
+
+def trusted(value):
+    """Values as a role's vars file gives them: templates Ansible may render (ansible-core 2.19 renders no others)."""
+    if isinstance(value, str):
+        return trust_as_template(value)
+    if isinstance(value, dict):
+        return {k: trusted(v) for k, v in value.items()}
+    return [trusted(v) for v in value] if isinstance(value, list) else value
+
+
+def render(name: str, pkg_mgr: str, **extra):
+    variables = trusted({**DEFAULTS, **VARS}) | {"ansible_facts": {"pkg_mgr": pkg_mgr}, **extra}
+    return Templar(loader=DataLoader(), variables=variables).template(trusted(VARS[name]))
+
+
+@pytest.mark.parametrize(("pkg_mgr", "form"), [("apt", "{}=1.17.8-1"), ("dnf", "{}-1.17.8-1")], ids=["apt", "dnf"])
+def test_every_package_pinned_in_the_managers_form(pkg_mgr, form):
+    assert render("__gpu_containers_specs", pkg_mgr) == [form.format(p) for p in VARS["__gpu_containers_packages"]]
+
+
+def test_a_site_mirror_replaces_nvidias_repository():
+    assert render("__gpu_containers_url", "apt") == "https://nvidia.github.io/libnvidia-container/stable/deb/amd64"
+    mirror = "https://mirror.example/nvidia-container-toolkit/deb/amd64"
+    assert render("__gpu_containers_url", "dnf", gpu_containers_repository_url=mirror) == mirror
+
+
+def test_the_installed_versions_print_in_the_specs_form():
+    managers = VARS["__gpu_containers_managers"]
+    assert managers["apt"]["query_command"][-1] == "--showformat=${Package}=${Version}\\n"
+    assert managers["dnf"]["query_command"][-1] == "--queryformat=%{NAME}-%{VERSION}-%{RELEASE}\\n"
