@@ -470,6 +470,14 @@ CASES = [
         {"gpu_health_kernel_log": "kern.log"},
         ("gpu_health_kernel_log is kern.log", "the absolute path of a kernel log file", "Fix it in the inventory"),
     ),
+    Case(
+        "slurm_gres_type_with_a_space",
+        {"gpu_slurm_enabled": True, "gpu_slurm_gres_type": "a100 80gb"},
+        (
+            "gpu_slurm_gres_type is 'a100 80gb': a GRES type is one word of slurm.conf",
+            "Fix: set gpu_slurm_gres_type to a name such as 'a100'",
+        ),
+    ),
 ]
 
 

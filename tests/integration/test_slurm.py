@@ -7,12 +7,13 @@ gpu_slurm says it has. In order:
 
 - ``playbooks/driver.yml`` with ``gpu_slurm_enabled`` writes gres.conf and the node's line on the controller and
   starts slurmd (the node had no job): the node registers with ``gpu:a100:2``, Slurm taking the two device files;
-- ``playbooks/reprovision.yml`` with the documented Slurm hooks (docs/usage.md: ``scontrol update ... state=DRAIN``,
-  ``playbooks/tasks/slurm_drained.yml``, ``state=RESUME``) while a real ``sbatch --wrap 'sleep ...'`` runs on the
-  node: it drains through the real scontrol, waits until the job has finished, verifies (Slurm shows the GRES)
-  and resumes the node; slurmd is not restarted (gres.conf did not change);
+- while a real ``sbatch --wrap 'sleep ...'`` runs on the node, gres.conf edited by hand is written back, but slurmd
+  is left alone (the run says so); then ``playbooks/reprovision.yml`` with the documented Slurm hooks
+  (docs/usage.md: ``scontrol update ... state=DRAIN``, ``playbooks/tasks/slurm_drained.yml``, ``state=RESUME``)
+  drains through the real scontrol, waits until the job has finished, restarts the slurmd that waited, verifies
+  (Slurm shows the GRES) and resumes the node;
 - the same rollout after slurm.conf claims four GPUs for the node: verification fails with Slurm's view, and the
-  node stays drained with the reason Slurm shows.
+  node stays drained with the reason Slurm shows, and slurmd is not restarted (gres.conf did not change).
 """
 
 from __future__ import annotations
@@ -194,6 +195,12 @@ def test_the_rollout_drains_waits_for_the_job_verifies_and_resumes(cluster):
         f"sbatch --parsable -w {node} --gres=gpu:a100:1 -o /tmp/job.out --wrap 'sleep {JOB_SECONDS}; date +%s'",
     ).strip()
     until(lambda: "JobState=RUNNING" in sh(controller, f"scontrol show job {job}"), "the job to run")
+    # gres.conf changed by hand while the job runs: the role writes it back, but leaves slurmd alone and says so.
+    sh(node, "echo '# by hand' >> /etc/slurm/gres.conf")
+    run = site(cluster["inventory"], *extra_vars(tmp, controller), "--tags", "slurm", playbook="playbooks/driver.yml")
+    assert run.returncode == 0, run.stdout[-4000:]
+    assert f"Slurm shows jobs on {node}, so slurmd was not restarted" in " ".join(run.stdout.split())
+    assert slurmd_pid(node) == pid
     run = site(cluster["inventory"], *extra_vars(tmp, controller), playbook="playbooks/reprovision.yml")
     assert run.returncode == 0, run.stdout[-4000:]
     # The wait saw the node still draining (its job ran) before it saw it drained, and only then went on.
@@ -202,7 +209,9 @@ def test_the_rollout_drains_waits_for_the_job_verifies_and_resumes(cluster):
     ]
     job_state = sh(controller, f"scontrol show job {job}")
     assert "JobState=COMPLETED" in job_state and "ExitCode=0:0" in job_state
-    assert slurmd_pid(node) == pid and sh(node, f"kill -0 {pid}") == ""  # gres.conf unchanged: slurmd not restarted
+    # The restart that waited was done once the node was drained.
+    assert slurmd_pid(node) not in ("", pid)
+    assert sh(node, "ls /etc/slurm/").split() == ["gres.conf", "plugstack.conf", "plugstack.conf.d", "slurm.conf"]
     seen = show_node(controller, node)
     # Resumed: no DRAIN flag left (a busy test machine may add a passing NOT_RESPONDING to a ping).
     assert seen["State"].split("+")[0] == "IDLE" and "DRAIN" not in seen["State"], seen
@@ -213,8 +222,10 @@ def test_a_node_slurm_sees_wrong_stays_drained_with_its_reason(cluster):
     write_slurm_conf(controller, node, f"NodeName={node} Gres=gpu:a100:4")
     sh(controller, "service slurmctld restart")  # a node's Gres in slurm.conf is read when slurmctld starts
     until(lambda: sh(controller, f"scontrol show node {node}", check=False), "slurmctld to answer")
+    pid = slurmd_pid(node)
     run = site(cluster["inventory"], *extra_vars(tmp, controller), playbook="playbooks/reprovision.yml")
     assert run.returncode != 0
+    assert slurmd_pid(node) == pid  # gres.conf as it was: the rerun restarted nothing
     output = " ".join(run.stdout.split())
     assert "the host has gpu:a100:2" in output or "Slurm refused the node" in output, output[-4000:]
     seen = show_node(controller, node)
