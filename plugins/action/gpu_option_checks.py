@@ -25,7 +25,7 @@ from ansible.errors import AnsibleLookupError
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.module_utils.common.yaml import yaml_load
 from ansible.plugins.action import ActionBase
-from ansible_collections.gpu_fleet.tf_hosts.plugins.filter import gpu_cuda, gpu_health, gpu_verify
+from ansible_collections.gpu_fleet.tf_hosts.plugins.filter import gpu_cuda, gpu_health, gpu_slurm, gpu_verify
 from ansible_collections.gpu_fleet.tf_hosts.plugins.lookup.collection_path import (
     collection_file,
     documented_options,
@@ -45,12 +45,14 @@ ROLES = (
     "gpu_verify",
     "gpu_mig",
     "gpu_containers",
+    "gpu_slurm",
 )
 # The roles with rules of their own beyond their argument specification: the options the rules read and the rules.
 RULES: dict[str, tuple[tuple[str, ...], Callable[[dict[str, Any]], list[str]]]] = {
     "cuda_toolkit": (gpu_cuda.OPTIONS, gpu_cuda.gpu_cuda_option_problems),
     "gpu_verify": (gpu_verify.OPTIONS, gpu_verify.gpu_verify_option_problems),
     "gpu_health": (gpu_health.OPTIONS, gpu_health.gpu_health_option_problems),
+    "gpu_slurm": (gpu_slurm.OPTIONS, gpu_slurm.gpu_slurm_option_problems),
 }
 # Files a role writes on the host, whose paths its tasks take as they are: absolute, or the host is changed before
 # the role finds out (gpu_host_probe refuses a relative path, late in the run).

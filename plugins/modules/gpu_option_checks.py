@@ -14,7 +14,7 @@ description:
     the defaults its C(meta/argument_specs.yml) documents, templated - against that argument specification (types,
     choices, required), as Ansible checks a role's inputs when the role starts, with the same validator.
   - The options a rule of the role reads are checked against that rule instead, each named once - C(gpu_verify)'s
-    and C(gpu_health)'s (the filters C(gpu_verify_option_problems) and C(gpu_health_option_problems)) and
+    and C(gpu_health)'s and C(gpu_slurm)'s (the filters C(gpu_verify_option_problems), C(gpu_health_option_problems) and C(gpu_slurm_option_problems)) and
     C(cuda_toolkit)'s installer time limit (C(cuda_toolkit_install_timeout), at least 60 seconds).
   - The files C(gpu_env) writes on the host (C(gpu_env_profile_path), C(gpu_env_ld_conf_path),
     C(gpu_env_sudoers_path)) must be absolute paths; a path type alone takes any word.
@@ -40,7 +40,7 @@ options:
       - The roles whose options to check.
     type: list
     elements: str
-    choices: [nvidia_driver, cuda_toolkit, cudnn, gpu_env, tf_venv, gpu_health, gpu_verify, gpu_mig, gpu_containers]
+    choices: [nvidia_driver, cuda_toolkit, cudnn, gpu_env, tf_venv, gpu_health, gpu_verify, gpu_mig, gpu_containers, gpu_slurm]
     required: true
 extends_documentation_fragment:
   - action_common_attributes

@@ -482,6 +482,15 @@ CASES = [
         {"gpu_containers_enabled": True, "gpu_containers_cdi_dir": "/etc/hostname"},
         ("gpu_containers_cdi_dir /etc/hostname is a file", "not a folder of CDI", "Move the file away"),
     ),
+    # A GRES type with a space: slurm.conf reads a GRES as gpu:<type>:<count>, one word.
+    Case(
+        "slurm_gres_type_with_a_space",
+        {"gpu_slurm_enabled": True, "gpu_slurm_gres_type": "a100 80gb"},
+        (
+            "gpu_slurm_gres_type is 'a100 80gb': a GRES type is one word of slurm.conf",
+            "Fix: set gpu_slurm_gres_type to a name such as 'a100'",
+        ),
+    ),
 ]
 
 

@@ -23,9 +23,9 @@ SPEC.loader.exec_module(house_map)
 
 CROSS_ROLE_TASKS_FROM_CEILING = 0
 CROSS_ROLE_TASKS_FROM_TARGET = 6
-# 21 with the roles of GPU services: gpu_mig's main (the driver and reprovision playbooks include it), and
-# gpu_containers' main and its preflight check.
-ENTRY_POINTS_CEILING = 21
+# 22 with the roles of GPU services: gpu_mig's main and gpu_slurm's (the driver and reprovision playbooks
+# include them), and gpu_containers' main and its preflight check.
+ENTRY_POINTS_CEILING = 22
 ENTRY_POINTS_TARGET = 12
 # 5 since the tool follows the file names quoted in a templated include: the depth it had measured as 4
 # was 5 as really run (site.yml → driver.yml → stacks.yml → the templated driver_stacks.yml → nvidia_driver's
