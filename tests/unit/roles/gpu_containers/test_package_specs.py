@@ -4,6 +4,8 @@ renders it: per package manager, the four packages at exactly X.Y.Z-1 in the for
 
 from __future__ import annotations
 
+import base64
+import json
 from pathlib import Path
 
 import pytest
@@ -45,3 +47,29 @@ def test_the_installed_versions_print_in_the_specs_form():
     managers = VARS["__gpu_containers_managers"]
     assert managers["apt"]["query_command"][-1] == "--showformat=${Package}=${Version}\\n"
     assert managers["dnf"]["query_command"][-1] == "--queryformat=%{NAME}-%{VERSION}-%{RELEASE}\\n"
+
+
+def _daemon(config: dict) -> dict:
+    return {"__gpu_containers_daemon_json": {"content": base64.b64encode(json.dumps(config).encode()).decode()}}
+
+
+def test_docker_configured_until_it_has_nvidias_runtime_and_cdi():
+    runtime = {"runtimes": {"nvidia": {"path": "nvidia-container-runtime", "args": []}}}
+    assert render("__gpu_containers_docker_stale", "apt", __gpu_containers_daemon_json={"failed": True})
+    # The runtime alone (what `nvidia-ctk runtime configure` without --cdi.enabled writes): CDI still off.
+    assert render("__gpu_containers_docker_stale", "apt", **_daemon(runtime))
+    assert render("__gpu_containers_docker_stale", "apt", **_daemon({**runtime, "features": {"cdi": False}}))
+    assert not render("__gpu_containers_docker_stale", "apt", **_daemon({**runtime, "features": {"cdi": True}}))
+
+
+@pytest.mark.parametrize(
+    ("ps", "busy"),
+    [
+        ({"rc": 0, "stdout": ""}, False),
+        ({"rc": 0, "stdout": "3f2a9c1d0b7e\n"}, True),
+        ({"rc": 1, "stdout": "", "stderr": "Cannot connect to the Docker daemon"}, True),
+    ],
+    ids=["no-containers", "a-container-runs", "no-answer"],
+)
+def test_docker_restarts_only_without_running_containers(ps, busy):
+    assert render("__gpu_containers_docker_busy", "apt", __gpu_containers_docker_ps=ps) is busy
