@@ -73,3 +73,37 @@ def test_docker_configured_until_it_has_nvidias_runtime_and_cdi():
 )
 def test_docker_restarts_only_without_running_containers(ps, busy):
     assert render("__gpu_containers_docker_busy", "apt", __gpu_containers_docker_ps=ps) is busy
+
+
+def test_dnf_installs_the_versionlock_plugin_and_releases_old_locks_before_a_new_pin():
+    tasks = yaml.safe_load((ROOT / "roles/gpu_containers/tasks/package_dnf.yml").read_text())
+    names = [task["name"] for task in tasks]
+    plugin, release, install = (
+        names.index("Install dnf's versionlock plugin, which holds the packages"),
+        names.index("Release the version locks for the new pin"),
+        names.index("Install the pinned container toolkit packages"),
+    )
+    assert plugin < release < install
+    manager = render("__gpu_containers_manager", "dnf")
+    assert manager["hold_requires"] == ["python3-dnf-plugin-versionlock"]
+    assert tasks[plugin]["ansible.builtin.dnf"]["name"] == "{{ __gpu_containers_manager.hold_requires }}"
+    assert manager["release_command"] + VARS["__gpu_containers_packages"] == [
+        "dnf",
+        "versionlock",
+        "delete",
+        *VARS["__gpu_containers_packages"],
+    ]
+    # Released only when the packages are to change: a rerun with the same pin keeps its locks.
+    assert tasks[release]["when"] == tasks[install]["when"] == "__gpu_containers_packages_stale | bool"
+
+
+@pytest.mark.parametrize(("installed", "stale"), [(["{}-1.17.8-1"], False), (["{}-1.16.2-1"], True), ([], True)])
+def test_packages_change_only_when_not_at_the_pin(installed, stale):
+    lines = [form.format(p) for form in installed for p in VARS["__gpu_containers_packages"]]
+    got = render(
+        "__gpu_containers_packages_stale",
+        "dnf",
+        __gpu_containers_installed={"stdout_lines": lines},
+        ansible_check_mode=False,
+    )
+    assert got is stale
