@@ -17,6 +17,9 @@ import yaml
 
 KIND = "nvidia.com/gpu"
 GPU_NODE = re.compile(r"^/dev/nvidia[0-9]+$")
+# nvidia-smi -L: "GPU 0: NVIDIA A100-SXM4-40GB (UUID: GPU-...)" and under it "MIG 1g.5gb Device 0: (UUID: MIG-...)"
+# (NVIDIA MIG User Guide, "Getting Started with MIG": "List GPU instances" and "Device Enumeration").
+UUID = re.compile(r"UUID: ((?:GPU|MIG)-[^)\s]+)")
 FIX = "Run the driver phase again (playbooks/driver.yml --tags containers) to regenerate it."
 
 
@@ -27,9 +30,16 @@ def gpu_containers_driver_version(libcuda: str) -> str:
     return found.group(1) if found else ""
 
 
+def gpu_containers_gpu_uuids(listing: str) -> list[str]:
+    """The output of ``nvidia-smi -L`` -> the UUIDs of its GPUs and MIG devices, in order: a changed GPU or MIG
+    layout changes the devices the CDI specification names (NVIDIA Container Toolkit, "Support for Container
+    Device Interface": the specification is generated again after a change of the GPUs or of MIG)."""
+    return UUID.findall(listing or "")
+
+
 def gpu_containers_cdi_plan(state: Any, spec_exists: bool, record: dict[str, Any]) -> dict[str, Any]:
     """Whether to generate the CDI specification: ``state`` is the slurp result of the last generation's record
-    (``{driver_version, toolkit_version, spec}`` as JSON), ``record`` what it would record now."""
+    (``{driver_version, toolkit_version, spec, gpus}`` as JSON), ``record`` what it would record now."""
     if not spec_exists:
         return {"generate": True, "reason": "the specification is missing"}
     try:
@@ -41,6 +51,9 @@ def gpu_containers_cdi_plan(state: Any, spec_exists: bool, record: dict[str, Any
     for key, what in (("driver_version", "driver"), ("toolkit_version", "toolkit"), ("spec", "path")):
         if str(last.get(key)) != str(record.get(key)):
             return {"generate": True, "reason": f"the {what} changed from {last.get(key)} to {record.get(key)}"}
+    # A record from before the GPUs were recorded has none: generated once more, then recorded.
+    if last.get("gpus") != list(record.get("gpus") or []):
+        return {"generate": True, "reason": "the GPUs or their MIG devices changed"}
     return {"generate": False, "reason": "up to date"}
 
 
@@ -123,6 +136,7 @@ class FilterModule:
         return {
             "gpu_containers_driver_version": gpu_containers_driver_version,
             "gpu_containers_cdi_plan": gpu_containers_cdi_plan,
+            "gpu_containers_gpu_uuids": gpu_containers_gpu_uuids,
             "gpu_containers_spec_paths": spec_paths,
             "gpu_containers_problems": gpu_containers_problems,
             "gpu_containers_verify_results": gpu_containers_verify_results,

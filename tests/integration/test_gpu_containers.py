@@ -6,7 +6,8 @@ mirror with its key (the stand-in nvidia-ctk of tests/fixtures/nvidia_ctk packag
 1.17.8-1, the others empty), so the role runs its repository and package path as with NVIDIA's repository; the
 host's GPU device files are stand-in character devices, and a stand-in dockerd makes the role configure Docker.
 Shows: preflight stops a CDI folder that is a file; --check writes nothing; the driver phase installs the pinned packages, holds them,
-writes /etc/cdi/nvidia.yaml; a rerun changes nothing; a new driver user space regenerates it; playbooks/verify.yml
+writes /etc/cdi/nvidia.yaml, turns on Docker's CDI feature and leaves Docker running while a container runs (the restart
+waits, and is done once none runs); a rerun changes nothing; a new driver user space or other GPU UUIDs regenerate it; playbooks/verify.yml
 passes and fails the host when the specification misses a GPU; this machine's Podman runs
 `--device nvidia.com/gpu=all` from the copied specification (in a private mount namespace, with the
 specification's device files and libraries overlaid) and lists the GPUs' device files and libcuda inside.
@@ -40,6 +41,7 @@ VERSION = "1.17.8-1"
 NODES = {"/dev/nvidia0": 0, "/dev/nvidia1": 1, "/dev/nvidiactl": 255}
 IMAGE = "localhost/gpu-sandbox-debian:12"
 SPEC = "/etc/cdi/nvidia.yaml"
+DOCKER_PENDING = "/var/lib/gpu-fleet/gpu-containers-docker-restart"
 
 
 def _repo(folder: Path) -> Path:
@@ -93,12 +95,17 @@ def _exec(host: str, script: str, check: bool = True) -> subprocess.CompletedPro
 
 
 def _prepare(host: str, repo: Path) -> None:
-    """The mirror in the host, the GPUs' stand-in device files, and a stand-in dockerd (the role only looks for it)."""
+    """The mirror in the host, the GPUs' stand-in device files, a stand-in dockerd (the role only looks for it) and a
+    stand-in docker whose `docker ps -q` prints /srv/docker-ps (a running container's id, at first)."""
     subprocess.run(["podman", "cp", str(repo), f"{host}:/srv/nvidia-ctk-repo"], check=True)
     nodes = " && ".join(f"mknod {path} c 195 {minor}" for path, minor in NODES.items())
     _exec(
         host, f"{nodes} && printf '#!/bin/sh\\nexit 0\\n' > /usr/local/bin/dockerd && chmod 755 /usr/local/bin/dockerd"
     )
+    _exec(
+        host, "echo 3f2a9c1d0b7e > /srv/docker-ps && printf '#!/bin/sh\\ncat /srv/docker-ps\\n' > /usr/local/bin/docker"
+    )
+    _exec(host, "chmod 755 /usr/local/bin/docker")
 
 
 def _changed(run: subprocess.CompletedProcess) -> int:
@@ -176,7 +183,10 @@ def test_gpu_containers_cdi(tmp_path):
         held = _exec(host, "apt-mark showhold; dpkg-query -W nvidia-container-toolkit").stdout
         assert set(PACKAGES) <= set(held.split()) and VERSION in held
         daemon = json.loads(_exec(host, "cat /etc/docker/daemon.json").stdout)
-        assert daemon["runtimes"]["nvidia"]["path"] == "nvidia-container-runtime"
+        assert daemon["runtimes"]["nvidia"]["path"] == "nvidia-container-runtime" and daemon["features"]["cdi"] is True
+        # A container runs: Docker is not restarted, and the run says why and what to do.
+        assert "Docker was not restarted: containers run there (docker ps -q: 3f2a9c1d0b7e)" in first.stdout
+        _exec(host, f"test -f {DOCKER_PENDING}")
         spec = yaml.safe_load(_exec(host, f"cat {SPEC}").stdout)
         assert spec["kind"] == "nvidia.com/gpu"
         assert [d["name"] for d in spec["devices"]][::2] == ["0", "1", "all"]
@@ -185,10 +195,17 @@ def test_gpu_containers_cdi(tmp_path):
         again = site(inventory, *on, playbook="playbooks/driver.yml", timeout=600)
         assert again.returncode == 0 and _changed(again) == 0, again.stdout[-4000:]
 
-        # A new driver user space (the record says another version): generated again.
-        _exec(host, "sed -i 's/520.61.05/520.00.00/' /var/lib/gpu-fleet/gpu-containers-cdi.json")
+        # A new driver user space (the record says another version): generated again. No container runs now: the
+        # waiting Docker restart is done (none here: no systemd in the sandbox) and forgotten.
+        _exec(host, "sed -i 's/520.61.05/520.00.00/' /var/lib/gpu-fleet/gpu-containers-cdi.json && : > /srv/docker-ps")
         regenerated = site(inventory, *on, "--tags", "containers", playbook="playbooks/driver.yml")
         assert "the driver changed from 520.00.00 to 520.61.05" in regenerated.stdout, regenerated.stdout[-3000:]
+        assert _exec(host, f"test -e {DOCKER_PENDING}", check=False).returncode != 0
+        # The GPUs changed (a MIG layout, a replaced GPU: other UUIDs in nvidia-smi -L): generated again.
+        _exec(host, "sed -i 's/\"GPU-/\"GPU-0/' /var/lib/gpu-fleet/gpu-containers-cdi.json")
+        gpus = site(inventory, *on, "--tags", "containers", playbook="playbooks/driver.yml")
+        reason = "Generate the CDI specification (the GPUs or their MIG devices changed)"
+        assert reason in gpus.stdout, gpus.stdout[-3000:]
 
         verified = site(inventory, *on, *reports, playbook="playbooks/verify.yml")
         assert verified.returncode == 0, verified.stdout[-4000:]

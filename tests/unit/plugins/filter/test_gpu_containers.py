@@ -9,12 +9,23 @@ import json
 from ansible_collections.gpu_fleet.tf_hosts.plugins.filter.gpu_containers import (
     gpu_containers_cdi_plan,
     gpu_containers_driver_version,
+    gpu_containers_gpu_uuids,
     gpu_containers_problems,
     gpu_containers_verify_results,
     spec_paths,
 )
 
-RECORD = {"driver_version": "535.261.03", "toolkit_version": "1.17.8", "spec": "/etc/cdi/nvidia.yaml"}
+RECORD = {
+    "driver_version": "535.261.03",
+    "toolkit_version": "1.17.8",
+    "spec": "/etc/cdi/nvidia.yaml",
+    "gpus": ["GPU-5a2e1b3c-0000-0000-0000-000000000000"],
+}
+# nvidia-smi -L of an A100 in MIG mode with two 3g.20gb devices (NVIDIA MIG User Guide, "Device Enumeration").
+MIG_LISTING = """GPU 0: NVIDIA A100-SXM4-40GB (UUID: GPU-5a2e1b3c-0000-0000-0000-000000000000)
+  MIG 3g.20gb     Device  0: (UUID: MIG-0a1b2c3d-0000-5000-8000-000000000001)
+  MIG 3g.20gb     Device  1: (UUID: MIG-0a1b2c3d-0000-5000-8000-000000000002)
+"""
 SPEC = """
 cdiVersion: 0.5.0
 kind: nvidia.com/gpu
@@ -47,6 +58,30 @@ def test_generated_when_missing_unrecorded_or_the_driver_changed():
     changed = gpu_containers_cdi_plan(_state(dict(RECORD, driver_version="520.61.05")), True, RECORD)
     assert changed == {"generate": True, "reason": "the driver changed from 520.61.05 to 535.261.03"}
     assert gpu_containers_cdi_plan(_state(dict(RECORD, toolkit_version="1.16.2")), True, RECORD)["generate"]
+
+
+def test_gpu_and_mig_uuids_of_nvidia_smi_l():
+    assert gpu_containers_gpu_uuids(MIG_LISTING) == [
+        "GPU-5a2e1b3c-0000-0000-0000-000000000000",
+        "MIG-0a1b2c3d-0000-5000-8000-000000000001",
+        "MIG-0a1b2c3d-0000-5000-8000-000000000002",
+    ]
+    # The R470 form of a MIG device's name; nothing where nvidia-smi printed an error.
+    assert gpu_containers_gpu_uuids("  MIG 1g.5gb Device 0: (UUID: MIG-GPU-5a2e/7/0)") == ["MIG-GPU-5a2e/7/0"]
+    assert gpu_containers_gpu_uuids("NVIDIA-SMI has failed because it couldn't communicate with the driver.") == []
+
+
+def test_generated_again_when_the_gpus_or_the_mig_layout_changed():
+    # gpu_mig put the GPU in MIG mode with two instances: the specification's devices are gone.
+    mig = dict(RECORD, gpus=gpu_containers_gpu_uuids(MIG_LISTING))
+    assert gpu_containers_cdi_plan(_state(RECORD), True, mig) == {
+        "generate": True,
+        "reason": "the GPUs or their MIG devices changed",
+    }
+    assert not gpu_containers_cdi_plan(_state(mig), True, mig)["generate"]
+    # A record written before the GPUs were recorded: generated once more.
+    old = {k: v for k, v in RECORD.items() if k != "gpus"}
+    assert gpu_containers_cdi_plan(_state(old), True, RECORD)["generate"]
 
 
 def test_spec_paths_are_device_nodes_and_mounts_once_each():
