@@ -25,6 +25,11 @@ CORES = re.compile(r"^\d+(-\d+)?(,\d+(-\d+)?)*$")
 PAIR = re.compile(r"([A-Za-z][A-Za-z0-9_:/]*)=(.*?)(?=\s+[A-Za-z][A-Za-z0-9_:/]*=|$)")
 # The base states of a node with jobs on it (scontrol(1), NODE STATE CODES; squeue/sinfo man pages).
 BUSY = ("ALLOCATED", "MIXED", "COMPLETING")
+# COMPLETING is also a flag on another base state (IDLE+COMPLETING+DRAIN: the last job's epilog still runs;
+# sinfo(1), NODE STATE CODES, "COMPLETING").
+BUSY_FLAGS = ("COMPLETING",)
+# scontrol's answer for a node slurm.conf does not list ("Node gpu01 not found", scontrol(1) show node).
+NOT_FOUND = re.compile(r"\bNode \S+ not found\b", re.IGNORECASE)
 
 
 def _word_problem(name: str, value: Any, what: str) -> list[str]:
@@ -127,9 +132,22 @@ def gpu_slurm_node(text: str) -> dict[str, str]:
 
 
 def gpu_slurm_busy(node: dict[str, str]) -> bool:
-    """True when the node's base state has jobs on it (``MIXED+DRAIN`` is still draining: busy)."""
-    base = (node.get("State") or "").split("+")[0].upper()
-    return base in BUSY
+    """True when the node's base state has jobs on it (``MIXED+DRAIN`` is still draining: busy) or a job still
+    completes on it (a ``COMPLETING`` flag: ``IDLE+COMPLETING+DRAIN`` runs the epilog)."""
+    states = (node.get("State") or "").upper().split("+")
+    return states[0] in BUSY or any(flag in BUSY_FLAGS for flag in states[1:])
+
+
+def gpu_slurm_show_busy(result: dict[str, Any]) -> bool:
+    """Whether a registered ``scontrol show node`` result forbids a slurmd restart. A failed scontrol (controller
+    down, munge broken, no scontrol) says nothing about the node's jobs, so it counts as busy: the restart waits.
+    Only "not found" (Slurm does not list the node, so it runs no job there) and a skipped task do not."""
+    if not result or result.get("skipped"):
+        return False
+    if result.get("rc") == 0:
+        return gpu_slurm_busy(gpu_slurm_node(result.get("stdout") or ""))
+    said = f"{result.get('stdout') or ''} {result.get('stderr') or ''} {result.get('msg') or ''}"
+    return not NOT_FOUND.search(said)
 
 
 def gpu_slurm_drained(node: dict[str, str]) -> bool:
@@ -170,6 +188,7 @@ class FilterModule:
             "gpu_slurm_gres": gpu_slurm_gres,
             "gpu_slurm_node": gpu_slurm_node,
             "gpu_slurm_busy": gpu_slurm_busy,
+            "gpu_slurm_show_busy": gpu_slurm_show_busy,
             "gpu_slurm_drained": gpu_slurm_drained,
             "gpu_slurm_gres_problem": gpu_slurm_gres_problem,
         }

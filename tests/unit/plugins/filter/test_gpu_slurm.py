@@ -125,3 +125,28 @@ def test_option_rules_name_the_option_and_the_fix():
     assert problems[0].startswith("gpu_slurm_gres_type is 'a 100': a GRES type is one word of slurm.conf")
     assert "gpu_slurm_types['A100'] is 'a:100'" in problems[1]
     assert "gpu_slurm_cores[0] is 'all'" in problems[2]
+
+
+def test_a_completing_flag_is_busy_and_not_drained():
+    # IDLE+COMPLETING+DRAIN: the last job's epilog still runs (sinfo(1), NODE STATE CODES).
+    node = {"State": "IDLE+COMPLETING+DRAIN"}
+    assert slurm.gpu_slurm_busy(node)
+    assert not slurm.gpu_slurm_drained(node)
+    assert slurm.gpu_slurm_busy({"State": "DOWN+COMPLETING"})
+
+
+def test_a_failed_scontrol_counts_as_busy_unless_the_node_is_not_found():
+    down = {
+        "rc": 1,
+        "stdout": "",
+        "stderr": "slurm_load_node error: Unable to contact slurm controller (connect failure)",
+    }
+    assert slurm.gpu_slurm_show_busy(down)
+    munge = {"rc": 1, "stdout": "", "stderr": "Invalid authentication credential"}
+    assert slurm.gpu_slurm_show_busy(munge)
+    missing = {"rc": 2, "msg": "[Errno 2] No such file or directory: b'scontrol'", "cmd": "scontrol"}
+    assert slurm.gpu_slurm_show_busy(missing)
+    assert not slurm.gpu_slurm_show_busy({"rc": 1, "stdout": "Node gpu02 not found", "stderr": ""})
+    assert slurm.gpu_slurm_show_busy({"rc": 0, "stdout": SHOW_NODE})
+    assert not slurm.gpu_slurm_show_busy({"rc": 0, "stdout": SHOW_NODE.replace("MIXED+DRAIN", "IDLE+DRAIN")})
+    assert not slurm.gpu_slurm_show_busy({"skipped": True, "changed": False})
