@@ -54,6 +54,8 @@ RULES: dict[str, tuple[tuple[str, ...], Callable[[dict[str, Any]], list[str]]]] 
     "gpu_health": (gpu_health.OPTIONS, gpu_health.gpu_health_option_problems),
     "gpu_slurm": (gpu_slurm.OPTIONS, gpu_slurm.gpu_slurm_option_problems),
 }
+# The inputs a role's rule reads besides the options it checks (their own specifications check their types).
+READS: dict[str, tuple[str, ...]] = {"gpu_slurm": gpu_slurm.READS}
 # Files a role writes on the host, whose paths its tasks take as they are: absolute, or the host is changed before
 # the role finds out (gpu_host_probe refuses a relative path, late in the run).
 HOST_PATHS = {
@@ -115,10 +117,11 @@ def role_problems(role: str, variables: dict[str, Any], template: Callable[[Any]
     and the host paths it takes as they are."""
     specs = documented_options(role)
     names, rule = RULES.get(role, ((), None))
-    values = option_values(tuple(specs), variables, template)
+    reads = tuple(name for name in READS.get(role, ()) if name not in specs)
+    values = option_values(tuple(specs) + reads, variables, template)
     problems = spec_problems(role, values, {name: spec for name, spec in specs.items() if name not in names})
     if rule is not None:
-        problems += rule({name: values.get(name) for name in names})
+        problems += rule({name: values.get(name) for name in names + READS.get(role, ())})
     return problems + host_path_problems(role, values, specs)
 
 

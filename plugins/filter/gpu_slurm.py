@@ -14,8 +14,12 @@ import re
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
+from ansible.module_utils.parsing.convert_bool import boolean
 
 OPTIONS = ("gpu_slurm_gres_type", "gpu_slurm_types", "gpu_slurm_cores", "gpu_slurm_node_name")
+# The inputs the option rules read besides those they check (their types are checked by their roles' argument
+# specifications): MIG mode with a gres.conf of physical GPUs is refused (gpu_slurm_mig_problems).
+READS = ("gpu_slurm_enabled", "gpu_slurm_autodetect", "gpu_mig_enabled", "gpu_mig_layout")
 # A GRES type or a node name is one word of slurm.conf: letters, digits, and . _ - (a space or a ':' would
 # split the Gres= value, gres.html, "Configuration").
 WORD = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -41,10 +45,41 @@ def _word_problem(name: str, value: Any, what: str) -> list[str]:
     ]
 
 
+def _on(value: Any) -> bool:
+    """An inventory's boolean (true, "yes", 1, ...) as Ansible's ``bool`` filter reads it; anything else is off."""
+    return boolean(value, strict=False) if value is not None else False
+
+
+def gpu_slurm_mig_problems(options: dict[str, Any]) -> list[str]:
+    """The cause and fix where gpu_slurm would write File=/dev/nvidiaN per physical GPU on a host gpu_mig puts in MIG
+    mode: Slurm then schedules MIG devices, not those GPUs, and the node's GRES no longer match (gres.html,
+    "MIG Management": MIG devices are configured with AutoDetect=nvml). ``[]`` with gpu_slurm_autodetect, without
+    gpu_slurm_enabled or gpu_mig_enabled, or when gpu_mig_layout gives no GPU any profile (MIG mode off)."""
+    layout = options.get("gpu_mig_layout") or []
+    mig_on = [entry for entry in layout if isinstance(entry, dict) and entry.get("profiles")]
+    if not (
+        _on(options.get("gpu_slurm_enabled"))
+        and _on(options.get("gpu_mig_enabled"))
+        and mig_on
+        and not _on(options.get("gpu_slurm_autodetect"))
+    ):
+        return []
+    return [
+        "gpu_slurm_enabled and gpu_mig_enabled are both set and gpu_mig_layout puts GPUs in MIG mode, but "
+        "gpu_slurm_autodetect is false: gpu_slurm would write one File=/dev/nvidiaN per physical GPU, while Slurm "
+        "schedules MIG devices on such GPUs, so slurmd's GRES would not match and the node goes INVALID. Fix: set "
+        "gpu_slurm_autodetect: true (gres.conf AutoDetect=nvml, which finds the MIG devices; Slurm's Generic "
+        "Resource Scheduling guide, section MIG Management) and give the node's Gres= in slurm.conf the MIG types, "
+        "or leave gpu_mig_enabled false on Slurm nodes."
+    ]
+
+
 def gpu_slurm_option_problems(options: dict[str, Any]) -> list[str]:
     """``{{ {'gpu_slurm_gres_type': ..., ...} | gpu_fleet.tf_hosts.gpu_slurm_option_problems }}``: one message
-    (cause and fix) per option that breaks its rule; ``[]`` when none."""
-    found = _word_problem("gpu_slurm_gres_type", options.get("gpu_slurm_gres_type"), "a GRES type")
+    (cause and fix) per option that breaks its rule, MIG mode without autodetection among them; ``[]`` when
+    none."""
+    found = gpu_slurm_mig_problems(options)
+    found += _word_problem("gpu_slurm_gres_type", options.get("gpu_slurm_gres_type"), "a GRES type")
     found += _word_problem("gpu_slurm_node_name", options.get("gpu_slurm_node_name"), "a node name")
     for model, gres_type in (options.get("gpu_slurm_types") or {}).items():
         found += _word_problem(f"gpu_slurm_types[{model!r}]", gres_type, "a GRES type")

@@ -16,6 +16,9 @@ description:
   - The options a rule of the role reads are checked against that rule instead, each named once - C(gpu_verify)'s
     and C(gpu_health)'s and C(gpu_slurm)'s (the filters C(gpu_verify_option_problems), C(gpu_health_option_problems) and C(gpu_slurm_option_problems)) and
     C(cuda_toolkit)'s installer time limit (C(cuda_toolkit_install_timeout), at least 60 seconds).
+  - C(gpu_slurm)'s rule also reads C(gpu_slurm_enabled), C(gpu_slurm_autodetect) and C(gpu_mig)'s inputs
+    C(gpu_mig_enabled) and C(gpu_mig_layout) (their types are checked by their own specifications) - a layout that
+    puts GPUs in MIG mode on a Slurm node needs C(gpu_slurm_autodetect).
   - The files C(gpu_env) writes on the host (C(gpu_env_profile_path), C(gpu_env_ld_conf_path),
     C(gpu_env_sudoers_path)) must be absolute paths; a path type alone takes any word.
   - Every variable of the host that starts with the name of one of the collection's roles, then C(_), and is no

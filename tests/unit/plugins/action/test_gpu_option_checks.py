@@ -212,3 +212,17 @@ def test_every_name_the_run_sets_is_known_to_be_no_misspelling():
 def test_the_callbacks_notes_are_no_misspellings():
     callback_vars = {host_failures.UNREACHABLE_VAR, host_failures.FAILED_VAR, host_failures.CHECK_VAR}
     assert callback_vars <= gpu_option_checks.run_variables()
+
+
+def test_gpu_slurm_on_mig_gpus_needs_autodetect_before_any_change(tmp_path):
+    """gpu_slurm's rule reads gpu_mig's inputs: a layout in MIG mode and a gres.conf of physical GPUs is refused."""
+    variables = {
+        "gpu_slurm_enabled": True,
+        "gpu_mig_enabled": True,
+        "gpu_mig_layout": [{"gpus": "all", "profiles": ["3g.40gb"]}],
+    }
+    rc, out = _play(tmp_path, variables, roles=["gpu_slurm"])
+    assert rc != 0
+    assert "gpu_mig_layout puts GPUs in MIG mode" in out
+    rc, out = _play(tmp_path, dict(variables, gpu_slurm_autodetect=True), roles=["gpu_slurm"])
+    assert rc == 0, out

@@ -150,3 +150,18 @@ def test_a_failed_scontrol_counts_as_busy_unless_the_node_is_not_found():
     assert slurm.gpu_slurm_show_busy({"rc": 0, "stdout": SHOW_NODE})
     assert not slurm.gpu_slurm_show_busy({"rc": 0, "stdout": SHOW_NODE.replace("MIXED+DRAIN", "IDLE+DRAIN")})
     assert not slurm.gpu_slurm_show_busy({"skipped": True, "changed": False})
+
+
+def test_mig_mode_without_autodetect_is_refused_with_the_fix():
+    mig = {
+        "gpu_slurm_enabled": True,
+        "gpu_slurm_autodetect": False,
+        "gpu_mig_enabled": True,
+        "gpu_mig_layout": [{"gpus": "all", "profiles": ["3g.40gb", "3g.40gb"]}],
+    }
+    (problem,) = slurm.gpu_slurm_option_problems(mig)
+    assert "gpu_mig_layout puts GPUs in MIG mode" in problem and "Fix: set gpu_slurm_autodetect: true" in problem
+    assert slurm.gpu_slurm_mig_problems(dict(mig, gpu_slurm_autodetect="yes")) == []
+    assert slurm.gpu_slurm_mig_problems(dict(mig, gpu_mig_enabled=False)) == []
+    assert slurm.gpu_slurm_mig_problems(dict(mig, gpu_slurm_enabled=False)) == []
+    assert slurm.gpu_slurm_mig_problems(dict(mig, gpu_mig_layout=[{"gpus": [0], "profiles": []}])) == []
