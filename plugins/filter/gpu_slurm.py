@@ -25,6 +25,11 @@ READS = ("gpu_slurm_enabled", "gpu_slurm_autodetect", "gpu_mig_enabled", "gpu_mi
 WORD = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 # Slurm's core list syntax, gres.conf(5) Cores: "0-3,8,10-11".
 CORES = re.compile(r"^\d+(-\d+)?(,\d+(-\d+)?)*$")
+# A GPU's line of the driver's /proc/driver/nvidia/gpus/<bus id>/information, as grep -r prints it.
+MINOR = re.compile(
+    r"^/proc/driver/nvidia/gpus/([0-9A-Fa-f]+:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])/information:"
+    r"Device Minor:\s*(\d+)$"
+)
 # scontrol show node: KEY=value pairs; a value runs to the next " Key=" (Reason and OS hold spaces).
 PAIR = re.compile(r"([A-Za-z][A-Za-z0-9_:/]*)=(.*?)(?=\s+[A-Za-z][A-Za-z0-9_:/]*=|$)")
 # The base states of a node with jobs on it (scontrol(1), NODE STATE CODES; squeue/sinfo man pages).
@@ -125,9 +130,24 @@ def gpu_slurm_topology_cores(topo: str) -> dict[int, str]:
     return found
 
 
+def gpu_slurm_minors(text: str) -> dict[str, int]:
+    """``{PCI bus id: device minor}`` from ``grep -r 'Device Minor' /proc/driver/nvidia/gpus``: one line per GPU,
+    ``/proc/driver/nvidia/gpus/0000:17:00.0/information:Device Minor:     0``. The NVIDIA driver names each GPU's
+    device file /dev/nvidia<minor>, and the minor need not be nvidia-smi's index (which follows PCI order, or
+    CUDA_DEVICE_ORDER); bus ids come as nvidia_gpu_facts writes them (lower-case ``dddd:bb:dd.f``)."""
+    found = {}
+    for line in (text or "").splitlines():
+        match = MINOR.match(line.strip())
+        if match:
+            found[match.group(1).lower()] = int(match.group(2))
+    return found
+
+
 def gpu_slurm_gres(gpus: list[dict[str, Any]], settings: dict[str, Any]) -> dict[str, Any]:
     """gres.conf's text and the node's ``Gres=`` value from nvidia_gpu_facts' ``gpus`` and ``settings``
-    (``types``, ``gres_type``, ``cores`` {index: list}, ``autodetect``, ``node_name``, ``header``)."""
+    (``types``, ``gres_type``, ``cores`` {index: list}, ``autodetect``, ``node_name``, ``header``, ``minors``
+    {PCI bus id: device minor}, from gpu_slurm_minors: File=/dev/nvidia<minor>, the index where the driver does not
+    say)."""
     if not gpus:
         raise AnsibleFilterError(
             "gpu_slurm: nvidia-smi lists no GPU on this host, so no gres.conf can be written. "
@@ -147,8 +167,10 @@ def gpu_slurm_gres(gpus: list[dict[str, Any]], settings: dict[str, Any]) -> dict
         lines.append("AutoDetect=nvml")
     else:
         cores = {int(key): str(value) for key, value in (settings.get("cores") or {}).items()}
+        minors = settings.get("minors") or {}
         for gpu in sorted(gpus, key=lambda item: item["index"]):
-            line = f"Name=gpu Type={types[0]} File=/dev/nvidia{gpu['index']}"
+            minor = minors.get(str(gpu.get("pci_bus_id") or "").lower(), gpu["index"])
+            line = f"Name=gpu Type={types[0]} File=/dev/nvidia{minor}"
             if gpu["index"] in cores:
                 line += f" Cores={cores[gpu['index']]}"
             lines.append(line)
@@ -221,6 +243,7 @@ class FilterModule:
             "gpu_slurm_option_problems": gpu_slurm_option_problems,
             "gpu_slurm_topology_cores": gpu_slurm_topology_cores,
             "gpu_slurm_gres": gpu_slurm_gres,
+            "gpu_slurm_minors": gpu_slurm_minors,
             "gpu_slurm_node": gpu_slurm_node,
             "gpu_slurm_busy": gpu_slurm_busy,
             "gpu_slurm_show_busy": gpu_slurm_show_busy,

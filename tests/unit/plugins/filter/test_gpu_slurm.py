@@ -165,3 +165,22 @@ def test_mig_mode_without_autodetect_is_refused_with_the_fix():
     assert slurm.gpu_slurm_mig_problems(dict(mig, gpu_mig_enabled=False)) == []
     assert slurm.gpu_slurm_mig_problems(dict(mig, gpu_slurm_enabled=False)) == []
     assert slurm.gpu_slurm_mig_problems(dict(mig, gpu_mig_layout=[{"gpus": [0], "profiles": []}])) == []
+
+
+def test_file_is_the_drivers_device_minor_not_the_index():
+    # grep -r "Device Minor" /proc/driver/nvidia/gpus on a host whose minors run against nvidia-smi's index.
+    found = (
+        "/proc/driver/nvidia/gpus/0000:17:00.0/information:Device Minor: \t 1\n"
+        "/proc/driver/nvidia/gpus/0000:65:00.0/information:Device Minor: \t 0\n"
+    )
+    minors = slurm.gpu_slurm_minors(found)
+    assert minors == {"0000:17:00.0": 1, "0000:65:00.0": 0}
+    gpus = [dict(A100[1], pci_bus_id="0000:17:00.0"), dict(A100[0], pci_bus_id="0000:65:00.0")]
+    plan = slurm.gpu_slurm_gres(gpus, dict(SETTINGS, minors=minors))
+    assert (
+        plan["gres_conf"] == "# managed\nName=gpu Type=a100 File=/dev/nvidia1\nName=gpu Type=a100 File=/dev/nvidia0\n"
+    )
+    # No procfs of the driver (grep found nothing): the index.
+    assert slurm.gpu_slurm_minors("") == {}
+    plan = slurm.gpu_slurm_gres(gpus, dict(SETTINGS, minors={}))
+    assert "File=/dev/nvidia0\nName=gpu Type=a100 File=/dev/nvidia1\n" in plan["gres_conf"]
