@@ -42,7 +42,7 @@ Output document (schema 1)::
      "lock": {"path", "sha256", "pins", "ok", "drift", "note"} (venv_lock.py),
      "default": null | {"symlink", "points_at", "cuda_home", "nvcc", "ok"} (pointers.py),
      "kernel": null | {"name", "spec", "started", "prefix", "ld_library_path", "loaded", "ok"} (kernel.py),
-     "problems": [{"check", "cause", "fix"}], "expected": {"gpus", "driver", "cuda", "cudnn",
+     "problems": [{"check", "cause", "fix"}], "expected": {"gpus", "cuda_devices", "driver", "cuda", "cudnn",
      "tensorflow"}, "seconds", "multiworker": null | {"workers", "task_index", "is_chief",
      "cluster": ["host:port", ...], "num_replicas_in_sync", "samples_per_second"}}
 
@@ -108,10 +108,37 @@ def driver_problems(driver_version: str | None, expect_driver: str | None) -> li
     ]
 
 
-def tensorflow_gpu_problems(tf_info: dict[str, Any], expected_gpus: int, smi_seen: int) -> list[Problem]:
-    """In GPU mode TensorFlow must see every expected GPU."""
+def cuda_devices(args: argparse.Namespace) -> int:
+    """The devices one CUDA process enumerates: ``--expected-cuda-devices``, else every expected GPU."""
+    return args.expected_gpus if args.expected_cuda_devices is None else args.expected_cuda_devices
+
+
+def mig_note(expected_gpus: int, expected_cuda_devices: int) -> str | None:
+    """Why TensorFlow is expected to see fewer devices than the host has GPUs (None when it is not)."""
+    if expected_cuda_devices == expected_gpus:
+        return None
+    return (
+        f"TensorFlow is expected to see {expected_cuda_devices} of the {expected_gpus} GPUs: the GPUs in MIG mode "
+        "count as one, since a CUDA process enumerates one MIG device (NVIDIA Multi-Instance GPU User Guide, "
+        '"CUDA Device Enumeration"); run one process per MIG device (CUDA_VISIBLE_DEVICES=MIG-<uuid>)'
+    )
+
+
+def run_note(args: argparse.Namespace, multiworker: dict[str, Any] | None) -> str | None:
+    """The document's ``mode_note``: how the fit ran (:func:`mode_note`) and, on GPUs, why TensorFlow sees
+    fewer devices than the host has GPUs (:func:`mig_note`); None when neither applies."""
+    gpu_note = None if args.cpu_replicas > 0 else mig_note(args.expected_gpus, cuda_devices(args))
+    return "; ".join(note for note in (mode_note(args.cpu_replicas, multiworker), gpu_note) if note) or None
+
+
+def tensorflow_gpu_problems(
+    tf_info: dict[str, Any], expected_gpus: int, smi_seen: int, expected_cuda_devices: int | None = None
+) -> list[Problem]:
+    """In GPU mode TensorFlow must see every expected GPU; on a MIG host, the non-MIG GPUs and one MIG device
+    (``expected_cuda_devices``)."""
     gpus = tf_info.get("gpus")
-    if tf_info.get("error") or gpus is None or gpus == expected_gpus:
+    expected = expected_gpus if expected_cuda_devices is None else expected_cuda_devices
+    if tf_info.get("error") or gpus is None or gpus == expected:
         return []
     if not tf_info.get("is_cuda_build"):
         fix = (
@@ -128,7 +155,8 @@ def tensorflow_gpu_problems(tf_info: dict[str, Any], expected_gpus: int, smi_see
         problem(
             "tensorflow",
             f"TensorFlow {tf_info.get('version')} sees {gpus} GPUs, nvidia-smi {smi_seen}, the "
-            f"inventory expects {expected_gpus}.",
+            f"inventory expects {expected_gpus}"
+            + (f" ({mig_note(expected_gpus, expected)})." if expected != expected_gpus else "."),
             fix,
         )
     ]
@@ -539,9 +567,9 @@ def run_fits(
     Returns ``(fit, scaling, utilisation)``: scaling is None when not measured, a note without
     ``problems`` with ``--multiworker``, else :func:`scaling_result`.
     """
-    expected_replicas: int | None = args.cpu_replicas if args.cpu_replicas > 0 else args.expected_gpus
+    expected_replicas: int | None = args.cpu_replicas if args.cpu_replicas > 0 else cuda_devices(args)
     if args.multiworker:
-        expected_replicas = multiworker_replicas(tf_config, args.expected_gpus, args.cpu_replicas)
+        expected_replicas = multiworker_replicas(tf_config, cuda_devices(args), args.cpu_replicas)
     fit_argv = fit_arguments(args)
     sampler = UtilisationSampler(args.nvidia_smi)
     sampler.start()
@@ -583,7 +611,7 @@ def fit_problems(
         if not tf_info.get("error"):
             problems += libraries.tensorflow_problems(tf_info, libs, args.expect_tensorflow)
         if args.cpu_replicas == 0:
-            problems += tensorflow_gpu_problems(tf_info, args.expected_gpus, gpus["seen"])
+            problems += tensorflow_gpu_problems(tf_info, args.expected_gpus, gpus["seen"], cuda_devices(args))
     problems += tf_loaded_library_problems(fit.get("loaded_libraries"), libs, args.expect_cuda, args.expect_cudnn)
     problems += libraries.mixed_cuda_major_problems(
         [entry["path"] for entries in (fit.get("loaded_libraries") or {}).values() for entry in entries]
@@ -617,6 +645,19 @@ def stack_sections(args: argparse.Namespace) -> tuple[dict[str, Any] | None, dic
     if args.kernel_dir and root and args.expect_cuda and args.expect_cudnn:
         jupyter = kernel.check(args.stack or "", args.kernel_dir, root, args.expect_cuda, args.expect_cudnn)
     return default, jupyter
+
+
+def expected_section(args: argparse.Namespace) -> dict[str, Any]:
+    """The document's ``expected``: what the inventory expects of the host (the GPUs, the devices one CUDA
+    process enumerates) and the stack's pins."""
+    return {
+        "gpus": args.expected_gpus,
+        "cuda_devices": cuda_devices(args),
+        "driver": args.expect_driver,
+        "cuda": args.expect_cuda,
+        "cudnn": args.expect_cudnn,
+        "tensorflow": args.expect_tensorflow,
+    }
 
 
 def verify(args: argparse.Namespace) -> dict[str, Any]:
@@ -656,7 +697,7 @@ def verify(args: argparse.Namespace) -> dict[str, Any]:
         "stack": args.stack,
         "ok": not problems,
         "mode": "cpu-replicas" if args.cpu_replicas > 0 else "gpu",
-        "mode_note": mode_note(args.cpu_replicas, multiworker),
+        "mode_note": run_note(args, multiworker),
         "multiworker": multiworker,
         "driver_version": gpus["driver_version"],
         "gpus": gpus,
@@ -670,13 +711,7 @@ def verify(args: argparse.Namespace) -> dict[str, Any]:
         "scaling": scaling,
         "utilisation": utilisation,
         "problems": problems,
-        "expected": {
-            "gpus": args.expected_gpus,
-            "driver": args.expect_driver,
-            "cuda": args.expect_cuda,
-            "cudnn": args.expect_cudnn,
-            "tensorflow": args.expect_tensorflow,
-        },
+        "expected": expected_section(args),
         "seconds": round(time.monotonic() - started, 3),
     }
 
@@ -749,6 +784,14 @@ def add_expectation_arguments(parser: argparse.ArgumentParser) -> None:
         type=non_negative_int,
         required=True,
         help="GPUs the inventory expects on this host",
+    )
+    parser.add_argument(
+        "--expected-cuda-devices",
+        type=non_negative_int,
+        metavar="N",
+        help="devices one CUDA process (TensorFlow, the fit) enumerates, when not every GPU: on a host with GPUs "
+        "in MIG mode the GPUs without MIG plus one MIG device (NVIDIA Multi-Instance GPU User Guide, CUDA Device "
+        "Enumeration); default --expected-gpus",
     )
     parser.add_argument("--expect-driver", metavar="VER", help="pinned driver version, e.g. 520.61.05")
     parser.add_argument("--expect-cuda", metavar="X.Y", help="pinned CUDA version, e.g. 11.8")

@@ -20,6 +20,7 @@ from typing import Any
 
 from ansible.errors import AnsibleFilterError
 from ansible.module_utils.parsing.convert_bool import boolean
+from ansible_collections.gpu_fleet.tf_hosts.plugins.module_utils.gpu_mig import cuda_devices
 
 # gpu_verify.py's options taken as they are from the settings: (option, settings key).
 VERIFY_OPTIONS = (
@@ -48,10 +49,15 @@ def gpu_verify_argv(stack: dict, settings: dict) -> list[str]:
     ``settings``: ``install_dir``, ``expected_gpu_count``, ``driver`` (the resolved driver or None),
     ``cpu_replicas``, ``timeout``, ``learning_rate``, ``nvidia_smi``, ``default_symlink``,
     ``kernel_dir``, ``mixed_precision``, ``fabricmanager`` (the host has NVSwitches), ``scaling``,
-    ``scaling_threshold`` and ``multiworker``.
+    ``scaling_threshold``, ``multiworker`` and ``mig_layout`` (gpu_mig's layout where gpu_mig is on, else none):
+    with GPUs in MIG mode TensorFlow and the fit are held to the devices one CUDA process enumerates
+    (``--expected-cuda-devices``), the GPU count stays the physical one.
     """
     argv = [f"{stack['venv']}/bin/python", f"{settings['install_dir']}/gpu_verify.py", "--stack", stack["name"]]
     argv += ["--expected-gpus", str(settings["expected_gpu_count"])]
+    devices = cuda_devices(settings.get("mig_layout") or [], int(settings["expected_gpu_count"]))
+    if devices != int(settings["expected_gpu_count"]):
+        argv += ["--expected-cuda-devices", str(devices)]
     argv += ["--expect-driver", (settings.get("driver") or {}).get("version") or ""]
     argv += _expected_versions(stack)
     for option, key in VERIFY_OPTIONS:

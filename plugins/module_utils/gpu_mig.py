@@ -139,3 +139,14 @@ def creation_order(profiles: list[str]) -> list[str]:
     """The biggest instances first, which leaves the placements of the smaller ones free (the guide's
     "Placement" of GPU instances: a profile takes fixed slice positions)."""
     return sorted(profiles, key=lambda p: (-int(p.split("g.")[0]), p))
+
+
+def cuda_devices(layout: list[dict[str, Any]], gpu_count: int) -> int:
+    """The devices one CUDA process (TensorFlow) enumerates on a host of ``gpu_count`` GPUs laid out by ``layout``:
+    the GPUs the layout leaves without MIG, plus one MIG device when some GPU has MIG devices, since CUDA 11 and 12
+    enumerate a single MIG device per process (MIG User Guide, "CUDA Device Enumeration"). GPUs the layout does
+    not name count as without MIG; a layout's wrong indices are the module's to report, not counted here."""
+    indices = list(range(gpu_count))
+    wanted, _ = desired_layout(layout, indices)
+    in_mig = [index for index, profiles in wanted.items() if profiles]
+    return gpu_count - len(in_mig) + (1 if in_mig else 0)

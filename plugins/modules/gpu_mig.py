@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+import re
+
 DOCUMENTATION = r"""
 ---
 module: gpu_mig
@@ -15,10 +17,14 @@ description:
   - O(state=checked) checks the layout against the GPUs' models (O(models)) and changes nothing; with O(gpus)
     given (the C(gpu_facts.gpus) of M(gpu_fleet.tf_hosts.nvidia_gpu_facts)) it runs no command at all.
   - O(state=applied) changes only the GPUs whose MIG mode or MIG devices differ from the layout, and only when
-    none of them runs a compute application (C(nvidia-smi --query-compute-apps)); else it fails with the
-    processes and the fix. For each such GPU it destroys the compute and GPU instances
-    (C(nvidia-smi mig -i N -dci), C(-dgi)), sets the MIG mode (C(nvidia-smi -i N -mig 1|0)) and creates the
-    layout's GPU instances, each with its default compute instance (C(nvidia-smi mig -i N -cgi P,P -C)).
+    none of them runs a compute application (C(nvidia-smi --query-compute-apps), matched by the GPU's UUID or one
+    of its MIG devices'); else it fails with the processes and the fix. For each such GPU it destroys the compute
+    and GPU instances (C(nvidia-smi mig -i N -dci), C(-dgi)) and fails, naming the usual holders (DCGM,
+    dcgm-exporter, nvsm) and the fix, when C(nvidia-smi mig -i N -lgi) still lists some; it sets the MIG mode
+    (C(nvidia-smi -i N -mig 1|0)) and creates the layout's GPU instances, each with its default compute instance
+    (C(nvidia-smi mig -i N -cgi P,P -C)). When nvidia-smi refuses them (a placement the slices allow but the GPU
+    does not), it creates the GPU's previous instances again and fails saying so.
+  - Placements are not checked before a change, only the instances and slices of each profile.
     A mode change that stays pending (the GPU needs a reset or the host a reboot) is returned in
     RV(pending), and no instance is created on that GPU.
   - O(state=verified) only reads, and returns in RV(differences) each GPU whose MIG devices differ.
@@ -130,9 +136,24 @@ def read_state(module: AnsibleModule) -> tuple[dict, dict]:
     return gpu_mig.parse_list(smi(module, "-L")), gpu_mig.parse_modes(smi(module, MODES, "--format=csv,noheader"))
 
 
+HOLDERS = (
+    "A process that is no compute application holds the GPU's MIG instances: typically NVIDIA DCGM (nv-hostengine, "
+    'service nvidia-dcgm), dcgm-exporter or nvsm (the MIG User Guide, "Getting Started with MIG"). Stop them for '
+    "the change (systemctl stop nvidia-dcgm dcgm-exporter nvsm, or their containers), run again, and start them after."
+)
+GI_PROFILE = re.compile(r"^\d+g\.\d+gb(\+me)?$")  # a GPU instance profile; -L names other compute instances 1c.3g...
+GI_ROW = re.compile(r"^\|\s+\d+\s+MIG\s", re.MULTILINE)  # a row of nvidia-smi mig -lgi
+
+
+class MigStop(Exception):
+    """A GPU could not be brought to its layout; the message says what is left and the fix."""
+
+
 def busy_problem(module: AnsibleModule, listed: dict, indices: list[int]) -> str | None:
-    """The compute applications on the GPUs to change, with the fix; None when there are none."""
+    """The compute applications on the GPUs to change (found by the GPU's UUID or one of its MIG devices'), with
+    the fix; None when there are none."""
     uuids = {listed[i]["uuid"]: i for i in indices}
+    uuids.update({device["uuid"]: i for i in indices for device in listed[i]["mig"]})
     apps = [line.split(",") for line in smi(module, APPS, "--format=csv,noheader").splitlines() if line.strip()]
     busy = [
         f"pid {a[0].strip()} ({a[1].strip()}) on GPU {uuids[a[2].strip()]}"
@@ -146,12 +167,60 @@ def busy_problem(module: AnsibleModule, listed: dict, indices: list[int]) -> str
             "and run again; nothing was changed.")  # fmt: skip
 
 
-def apply_gpu(module: AnsibleModule, index: int, profiles: list[str], mode: str) -> bool:
-    """Bring one GPU to its layout; False when its MIG mode change is pending (a reset or reboot first)."""
+def gpu_instances(module: AnsibleModule, gpu: str) -> int:
+    """The number of GPU instances on the GPU (``nvidia-smi mig -i N -lgi``; Not Found: none)."""
+    rc, out, err = module.run_command([module.params["nvidia_smi"], "mig", "-i", gpu, "-lgi"])
+    if rc != 0 and "Not Found" in out + err:
+        return 0
+    if rc != 0:
+        module.fail_json(msg=f"nvidia-smi mig -i {gpu} -lgi failed (exit {rc}): {(out + err).strip()}", rc=rc)
+    return len(GI_ROW.findall(out))
+
+
+def clear_gpu(module: AnsibleModule, gpu: str) -> None:
+    """Destroy the GPU's compute and GPU instances; MigStop when some are left (a holder such as DCGM)."""
+    said = []
+    for clear in ("-dci", "-dgi"):
+        rc, out, err = module.run_command([module.params["nvidia_smi"], "mig", "-i", gpu, clear])
+        if rc != 0 and "Not Found" not in out + err:  # nothing to destroy: Not Found, read as done
+            said.append(f"nvidia-smi mig -i {gpu} {clear}: {(out + err).strip()}")
+    left = gpu_instances(module, gpu)
+    if left:
+        errors = "; ".join(said) or "no error said"
+        raise MigStop(f"GPU {gpu} still has {left} GPU instances after destroying them ({errors}). {HOLDERS}")
+
+
+def create(module: AnsibleModule, gpu: str, profiles: list[str], previous: list[str]) -> None:
+    """Create the layout's GPU instances, each with its default compute instance. When nvidia-smi refuses (most
+    often a placement the slices allow but the GPU does not), create the GPU's previous instances again and
+    MigStop saying so."""
+    argv = [module.params["nvidia_smi"], "mig", "-i", gpu, "-cgi", ",".join(gpu_mig.creation_order(profiles)), "-C"]
+    rc, out, err = module.run_command(argv)
+    if rc == 0:
+        return
+    failed = f"{' '.join(argv[1:])} failed (exit {rc}): {(out + err).strip()}"
+    restore = [p for p in previous if GI_PROFILE.match(p)]
+    if not restore:
+        back = f"GPU {gpu} had no MIG devices before; it is left in MIG mode without any."
+    else:
+        for clear in ("-dci", "-dgi"):  # what the failed -cgi created before it stopped
+            module.run_command([module.params["nvidia_smi"], "mig", "-i", gpu, clear])
+        again = [*argv[:5], ",".join(gpu_mig.creation_order(restore)), "-C"]
+        rc_back, out_back, err_back = module.run_command(again)
+        back = (f"Its previous MIG devices ({', '.join(restore)}) were created again." if rc_back == 0 else
+                f"Creating its previous MIG devices ({', '.join(restore)}) failed too "
+                f"({(out_back + err_back).strip()}): GPU {gpu} has no MIG devices now.")  # fmt: skip
+    raise MigStop(f"{failed}. {back} The profiles fit the GPU's slices but not its placements (the MIG User Guide, "
+                  f"\"Supported MIG Profiles\"; nvidia-smi mig -i {gpu} -lgipp lists them), or a process holds the GPU. "
+                  "Change gpu_mig_layout (other profiles or their order) and run again.")  # fmt: skip
+
+
+def apply_gpu(module: AnsibleModule, index: int, profiles: list[str], mode: str, previous: list[str]) -> bool:
+    """Bring one GPU to its layout; False when its MIG mode change is pending (a reset or reboot first); MigStop
+    when its instances cannot be destroyed or created."""
     gpu = str(index)
     if mode == "Enabled":
-        for clear in ("-dci", "-dgi"):  # nothing to destroy exits non-zero: read as done
-            module.run_command([module.params["nvidia_smi"], "mig", "-i", gpu, clear])
+        clear_gpu(module, gpu)
     wanted = "Enabled" if profiles else "Disabled"
     if mode != wanted:
         smi(module, "-i", gpu, "-mig", "1" if profiles else "0")
@@ -161,7 +230,7 @@ def apply_gpu(module: AnsibleModule, index: int, profiles: list[str], mode: str)
         ):
             return False
     if profiles:
-        smi(module, "mig", "-i", gpu, "-cgi", ",".join(gpu_mig.creation_order(profiles)), "-C")
+        create(module, gpu, profiles, previous if mode == "Enabled" else [])
     return True
 
 
@@ -189,9 +258,18 @@ def main() -> None:
     if busy:
         module.fail_json(msg=busy, **result)
     result.update(changed=True, changed_gpus=to_change)
-    if not module.check_mode:
-        result["pending"] = [i for i in to_change if not apply_gpu(module, i, wanted[i], modes[i]["current"])]
+    for index in [] if module.check_mode else to_change:
+        try:
+            done = apply_gpu(module, index, wanted[index], modes[index]["current"], mig_profiles(listed, index))
+        except MigStop as stop:
+            module.fail_json(msg=str(stop), **result)
+        result["pending"] += [] if done else [index]
     module.exit_json(**result)
+
+
+def mig_profiles(listed: dict, index: int) -> list[str]:
+    """The profiles of the GPU's MIG devices as nvidia-smi -L listed them before the change."""
+    return [device["profile"] for device in listed[index]["mig"]]
 
 
 if __name__ == "__main__":

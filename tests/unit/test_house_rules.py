@@ -257,3 +257,29 @@ def test_a_second_copy_of_the_verification_tail_is_found(tmp_path):
         "      always:\n        - ansible.builtin.include_role: {name: gpu_health, tasks_from: record}\n"
     )
     assert tail_copies(tmp_path) == {"playbooks/again.yml": [("gpu_verify", "main"), ("gpu_health", "record")]}
+
+
+def untagged_includes(folder: Path) -> list[str]:
+    """Each ``include_tasks`` of a role's tasks/main.yml whose ``apply`` tags its tasks but which is not tagged
+    itself: ``--tags`` skips such an include, so its tasks never run under the tags they are given (Ansible docs,
+    "Tags", "Adding tags to includes"). Files imported by others may inherit their tags, so only main.yml."""
+    found = []
+    for path in sorted(folder.glob("*/tasks/main.yml")):
+        for task in yaml.safe_load(path.read_text(encoding="utf-8")) or []:
+            include = task.get("ansible.builtin.include_tasks") if isinstance(task, dict) else None
+            applied = include.get("apply", {}).get("tags") if isinstance(include, dict) else None
+            if applied and not set(applied) <= set(task.get("tags") or []):
+                found.append(f"{path.relative_to(folder)}: {task.get('name')}")
+    return found
+
+
+def test_every_tagged_include_is_tagged_itself():
+    assert untagged_includes(ROOT / "roles") == []
+
+
+def test_an_untagged_include_is_found(tmp_path):
+    (tmp_path / "r" / "tasks").mkdir(parents=True)
+    (tmp_path / "r" / "tasks" / "main.yml").write_text(
+        "- name: Count\n  ansible.builtin.include_tasks: {file: x.yml, apply: {tags: [a]}}\n"
+    )
+    assert untagged_includes(tmp_path) == ["r/tasks/main.yml: Count"]

@@ -71,6 +71,22 @@ def test_tensorflow_gpu_problems_cpu_build() -> None:
     assert gpu_verify.tensorflow_gpu_problems(dict(info, gpus=2, is_cuda_build=True), 2, 2) == []
 
 
+def test_on_a_mig_host_tensorflow_is_held_to_the_cuda_devices_not_the_gpus() -> None:
+    # Two GPUs, both in MIG mode: one CUDA process enumerates one MIG device (MIG User Guide, "CUDA Device
+    # Enumeration"), so TensorFlow seeing 1 is right and seeing 2 is not.
+    info = {"version": "2.15.1", "is_cuda_build": True, "gpus": 1, "error": None}
+    assert gpu_verify.tensorflow_gpu_problems(info, 2, 2, 1) == []
+    (physical,) = gpu_verify.tensorflow_gpu_problems(info, 2, 2)
+    assert "sees 1 GPUs, nvidia-smi 2, the inventory expects 2." in physical["cause"]
+    (found,) = gpu_verify.tensorflow_gpu_problems(dict(info, gpus=2), 2, 2, 1)
+    assert "expected to see 1 of the 2 GPUs" in found["cause"] and "CUDA Device Enumeration" in found["cause"]
+
+
+def test_the_mig_note_says_why_tensorflow_sees_fewer_devices() -> None:
+    assert gpu_verify.mig_note(2, 2) is None
+    assert gpu_verify.mig_note(4, 3).startswith("TensorFlow is expected to see 3 of the 4 GPUs: the GPUs in MIG mode")
+
+
 def test_tf_loaded_library_problems() -> None:
     loaded = {
         "libcudnn": [{"path": "/venv/nvidia/cudnn/lib/libcudnn.so.8", "version": "8.1.1"}],
@@ -246,6 +262,7 @@ def check_schema(doc: dict[str, Any]) -> None:
     assert doc["mode_note"] == "fit ran on 2 logical CPU devices (--cpu-replicas 2), not on GPUs"
     assert doc["expected"] == {
         "gpus": 2,
+        "cuda_devices": 2,
         "driver": "520.61.05",
         "cuda": "11.8",
         "cudnn": "8.6.0",
@@ -388,3 +405,28 @@ def test_the_fit_writes_no_bytecode_and_keeps_the_callers_tensorflow_log_level(m
     probe = "import os, sys; print(os.environ['TF_CPP_MIN_LOG_LEVEL'], sys.dont_write_bytecode)"
     returncode, stdout, _, timed_out = gpu_verify._communicate([sys.executable, "-c", probe], 30)
     assert (returncode, stdout.split(), timed_out) == (0, ["1", "True"], False)
+
+
+FAKE_GPU_FIT = """
+import json, sys
+argv = sys.argv[1:]
+progress = argv[argv.index("--progress") + 1]
+replicas = int(argv[argv.index("--expected-replicas") + 1])
+tf = {"version": "2.12.1", "is_cuda_build": True, "build_info": {"is_cuda_build": True}, "gpus": 1, "error": None}
+open(progress, "a").write(json.dumps({"stage": "tensorflow", "t": 0.1, "tensorflow": tf}) + "\\n")
+print(json.dumps({"ok": replicas == 1, "mode": "gpu", "num_replicas_in_sync": 1, "devices": ["/gpu:0"],
+                  "global_batch_size": 16, "loss_start": 2.4, "loss_end": 0.6, "loss_history": [1.7, 0.9, 0.7],
+                  "fit_seconds": 0.9, "samples_per_second": 800.0, "tensorflow": tf, "loaded_libraries": None,
+                  "error": None, "problems": [] if replicas == 1 else [{"check": "fit", "cause": "replicas",
+                  "fix": "-"}]}))
+"""
+
+
+def test_a_mig_host_fits_on_its_one_cuda_device_and_says_why(tmp_path: Path) -> None:
+    fit = ["--fit-script", _write(tmp_path / "fit_gpu.py", FAKE_GPU_FIT), "--cpu-replicas", "0"]
+    done = run_verify(tmp_path, [*fit, "--expected-cuda-devices", "1"])
+    doc = json.loads(done.stdout)
+    assert not [p for p in doc["problems"] if p["check"] in ("tensorflow", "fit")], doc["problems"]
+    assert doc["expected"]["cuda_devices"] == 1 and "CUDA Device Enumeration" in doc["mode_note"]
+    plain = json.loads(run_verify(tmp_path, fit).stdout)  # without it: the 2 GPUs are expected of TensorFlow
+    assert {p["check"] for p in plain["problems"]} >= {"tensorflow", "fit"} and plain["mode_note"] is None

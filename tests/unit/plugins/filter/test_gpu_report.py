@@ -440,3 +440,19 @@ def test_verify_argv_scaling_only_on_one_host():
 def test_verify_argv_names_a_stack_that_is_not_resolved():
     with pytest.raises(AnsibleFilterError, match="stack 'tf215' is not resolved"):
         verify_argv(dict(VERIFY_STACK, cudnn=None))
+
+
+@pytest.mark.parametrize(
+    ("layout", "devices"),
+    [
+        ([], None),  # no MIG: TensorFlow is held to the 4 GPUs
+        ([{"gpus": "all", "profiles": ["3g.40gb", "3g.40gb"]}], "1"),  # one MIG device per CUDA process
+        ([{"gpus": [0, 1], "profiles": ["7g.80gb"]}], "3"),  # GPUs 2 and 3 plus one MIG device
+        ([{"gpus": [0], "profiles": []}], None),  # MIG off on GPU 0
+    ],
+)
+def test_verify_argv_on_a_mig_host_expects_the_devices_cuda_enumerates(layout, devices):
+    argv = verify_argv(mig_layout=layout)
+    assert argv[argv.index("--expected-gpus") + 1] == "4"  # nvidia-smi still counts the physical GPUs
+    found = argv[argv.index("--expected-cuda-devices") + 1] if "--expected-cuda-devices" in argv else None
+    assert found == devices

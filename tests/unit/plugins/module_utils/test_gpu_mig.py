@@ -4,7 +4,12 @@ R450 ``MIG-GPU-<uuid>/<gi>/<ci>`` forms)."""
 
 from __future__ import annotations
 
+import pytest
+import yaml
 from ansible_collections.gpu_fleet.tf_hosts.plugins.module_utils import gpu_mig
+from helpers import ROOT
+
+MODELS = yaml.safe_load((ROOT / "data" / "mig_profiles.yml").read_text())["models"]
 
 LISTING = """GPU 0: A100-SXM4-40GB (UUID: GPU-5d5ba0d6-d33d-2b2c-524d-9e3d8d2b8a77)
   MIG 1g.5gb      Device  0: (UUID: MIG-c6d4f1ef-42e4-5de3-91c7-45d71c87eb3f)
@@ -46,3 +51,22 @@ def test_a_layout_that_names_a_gpu_twice_or_a_bad_gpus_value_is_refused():
         "gpu_mig_layout names GPU 0 twice (entry 1).",
         "gpu_mig_layout[2].gpus is '0', not 'all' or a list of GPU indices.",
     ]
+
+
+@pytest.mark.parametrize(
+    ("gpu", "whole"),
+    [
+        ({"name": "NVIDIA H200"}, "7g.141gb"),
+        ({"name": "NVIDIA H200 NVL"}, "7g.141gb"),
+        ({"device_id": "10de:233b"}, "7g.141gb"),  # H200 NVL on the bus
+        ({"name": "NVIDIA H100 80GB HBM3"}, "7g.80gb"),
+        ({"name": "NVIDIA A100-SXM4-40GB"}, "7g.40gb"),
+        # A Grace Hopper superchip's GPU is no H200: the table has no GH200 profiles, so it has none.
+        ({"name": "NVIDIA GH200 480GB"}, None),
+        ({"name": "NVIDIA GH200 144G HBM3e"}, None),
+        ({"device_id": "10de:2342"}, None),
+    ],
+)
+def test_each_model_is_found_by_its_own_name_or_pci_id_only(gpu, whole):
+    profiles = gpu_mig.model_profiles(gpu, MODELS)
+    assert next((p for p in profiles or [] if p.startswith("7g.")), None) == whole

@@ -138,3 +138,45 @@ def test_a_mode_change_that_waits_for_a_reset_is_pending_and_creates_nothing(hos
     result = run(host, capsys, [{"gpus": "all", "profiles": ["7g.80gb"]}])
     assert (result["changed"], result["changed_gpus"], result["pending"]) == (True, [0, 1], [0])
     assert mig_lines(host) == ["7g.80gb"]  # GPU 1 only; GPU 0 waits for its reset
+
+
+def describe(host, gpu: int, **fields):
+    """Add fields to one GPU of the host's description (or, with gpu -1, to the description itself)."""
+    data = json.loads(host["description"].read_text())
+    (data if gpu < 0 else data["gpus"][gpu]).update(fields)
+    host["description"].write_text(json.dumps(data))
+    return data
+
+
+def test_instances_a_monitoring_agent_holds_stop_the_change_naming_it(host, capsys):
+    run(host, capsys, [{"gpus": [0], "profiles": ["7g.80gb"]}])
+    describe(host, 0, mig_held_by="nv-hostengine")
+    held = run(host, capsys, [{"gpus": [0], "profiles": ["3g.40gb", "3g.40gb"]}])
+    assert held["failed"] and "GPU 0 still has 1 GPU instances after destroying them" in held["msg"]
+    assert "In use by another client" in held["msg"] and "DCGM" in held["msg"] and "nvsm" in held["msg"]
+    assert mig_lines(host) == ["7g.80gb"]  # no -cgi on top of what is left
+
+
+def test_a_compute_application_on_a_mig_device_keeps_its_gpu_busy(host, capsys):
+    run(host, capsys, [{"gpus": "all", "profiles": ["7g.80gb"]}])
+    listing = host["run"].run("-L", description=host["description"]).stdout
+    mig_uuid = [line.split("UUID: ")[1].rstrip(")") for line in listing.splitlines() if "MIG-" in line][1]
+    describe(host, -1, compute_apps=[{"pid": 77, "process_name": "python3", "gpu_uuid": mig_uuid}])
+    busy = run(host, capsys, [{"gpus": "all", "profiles": ["3g.40gb"]}])
+    assert busy["failed"] and "pid 77 (python3) on GPU 1" in busy["msg"]
+    assert mig_lines(host) == ["7g.80gb", "7g.80gb"]
+
+
+def test_a_layout_the_gpu_refuses_puts_its_previous_devices_back(host, capsys):
+    run(host, capsys, [{"gpus": [0], "profiles": ["3g.40gb", "2g.20gb"]}])
+    describe(host, 0, mig_refused_profiles=["1g.10gb"])  # refused after 4g.40gb was created
+    refused = run(host, capsys, [{"gpus": [0], "profiles": ["4g.40gb", "1g.10gb"]}])
+    assert refused["failed"] and "-cgi 4g.40gb,1g.10gb -C failed" in refused["msg"]
+    assert "Its previous MIG devices (3g.40gb, 2g.20gb) were created again" in refused["msg"]
+    assert sorted(mig_lines(host)) == ["2g.20gb", "3g.40gb"]
+
+
+def test_a_refused_layout_on_a_gpu_without_devices_before_says_so(host, capsys):
+    describe(host, 1, mig_refused_profiles=["7g.80gb"])
+    refused = run(host, capsys, [{"gpus": [1], "profiles": ["7g.80gb"]}])
+    assert refused["failed"] and "GPU 1 had no MIG devices before" in refused["msg"]
