@@ -147,6 +147,6 @@ def cuda_devices(layout: list[dict[str, Any]], gpu_count: int) -> int:
     enumerate a single MIG device per process (MIG User Guide, "CUDA Device Enumeration"). GPUs the layout does
     not name count as without MIG; a layout's wrong indices are the module's to report, not counted here."""
     indices = list(range(gpu_count))
-    wanted, _ = desired_layout(layout, indices)
+    wanted = desired_layout(layout, indices)[0]
     in_mig = [index for index, profiles in wanted.items() if profiles]
     return gpu_count - len(in_mig) + (1 if in_mig else 0)

@@ -5,8 +5,6 @@
 
 from __future__ import annotations
 
-import re
-
 DOCUMENTATION = r"""
 ---
 module: gpu_mig
@@ -107,6 +105,8 @@ pending:
   type: list
   elements: int
 """
+
+import re  # noqa: E402  (after the documentation blocks, as ansible-test validate-modules requires)
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402  (imports follow the documentation blocks, as ansible-test validate-modules requires)
 from ansible_collections.gpu_fleet.tf_hosts.plugins.module_utils import gpu_mig  # noqa: E402
