@@ -116,8 +116,8 @@ def stack_artifact_problems(stack: dict[str, Any], problems: dict[str, str]) -> 
     the artifacts a resolved stack installs from (its toolkit's runfile, its cuDNN archive), from
     ``problems`` ({file: text}, gpu_artifacts' verification); '' when nothing is."""
     files = [
-        (stack.get("cuda_toolkit") or {}).get("runfile", {}).get("file"),
-        (stack.get("cudnn") or {}).get("archive", {}).get("file"),
+        ((stack.get("cuda_toolkit") or {}).get("runfile") or {}).get("file"),
+        ((stack.get("cudnn") or {}).get("archive") or {}).get("file"),
     ]
     return " ".join(problems[name] for name in dict.fromkeys(files) if name in problems)
 
@@ -220,8 +220,9 @@ def gpu_artifacts_host_problems(stacks: list[dict], driver: dict | None, problem
         text = stack_artifact_problems(stack, problems)
         if text:
             bad_stacks[stack["name"]] = text
-    mine = [stack["cuda_toolkit"]["runfile"]["file"] for stack in stacks]
-    mine += [stack["cudnn"]["archive"]["file"] for stack in stacks]
+    # A stack whose CUDA comes from wheels has no runfile nor archive (None).
+    records = [stack["cuda_toolkit"]["runfile"] for stack in stacks] + [stack["cudnn"]["archive"] for stack in stacks]
+    mine = [record["file"] for record in records if record]
     mine += [runfile] if runfile else []
     message = " ".join(problems[name] for name in dict.fromkeys(mine) if name in problems)
     return {"bad_stacks": bad_stacks, "driver_bad": bool(runfile) and runfile in problems, "message": message}

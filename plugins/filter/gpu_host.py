@@ -543,6 +543,9 @@ DEFAULT_TOOLKIT_INSTALLED_BYTES = 10 * 1024**3
 INSTALLED_PER_DOWNLOADED = 2.5  # installed toolkit / runfile, from the figures above
 # A TensorFlow venv: about 1.6 GB for tensorflow-cpu 2.21 (measured), more with CUDA wheels.
 VENV_BYTES = 4 * 1024**3
+# NVIDIA's CUDA 12 and cuDNN 9 wheels of tensorflow[and-cuda] (cuda_source: wheels), unpacked in the venv:
+# about 3.5 GB for TensorFlow 2.18's (the sizes of the nvidia-*-cu12 wheels on PyPI, unpacked).
+CUDA_WHEELS_BYTES = 4 * 1024**3
 
 
 def _download_bytes(record: dict) -> int:
@@ -581,11 +584,9 @@ def space_needs(stacks: list[dict], driver: dict | None, present: dict, paths: d
     Returns:
         ``[{path, need_bytes, purpose}]`` for :func:`check_host` (``facts['space']``).
     """
-    cuda_todo = {
-        s["cuda_toolkit"]["root"]: s
-        for s in stacks
-        if s.get("cuda_toolkit") and s["cuda_toolkit"]["root"] not in present.get("cuda_roots", [])
-    }
+    # A stack whose CUDA comes from wheels in its venv (root None) installs no toolkit tree.
+    roots = {(s.get("cuda_toolkit") or {}).get("root"): s for s in stacks}
+    cuda_todo = {root: s for root, s in roots.items() if root and root not in present.get("cuda_roots", [])}
     runfiles = [s["cuda_toolkit"]["runfile"] for s in cuda_todo.values()]
     files = runfiles + [s["cudnn"]["archive"] for s in cuda_todo.values() if s.get("cudnn")]
     # A driver from packages has no runfile to push or unpack; the package manager checks its own space.
@@ -604,11 +605,16 @@ def space_needs(stacks: list[dict], driver: dict | None, present: dict, paths: d
     if driver_todo:
         driver_bytes = _download_bytes(driver["runfile"])
         needs.append(_need(paths["driver_tmpdir"], driver_bytes, "driver installer scratch", "nvidia_driver_tmpdir"))
-    venvs = [s["venv"] for s in stacks if s["venv"] not in present.get("venvs", [])]
+    venvs = [s for s in stacks if s["venv"] not in present.get("venvs", [])]
     if venvs:
-        needs.append(_need(venvs[0], VENV_BYTES * len(venvs), "TensorFlow venvs", "the stack's venv"))
+        venv_bytes = sum(VENV_BYTES + (CUDA_WHEELS_BYTES if _from_wheels(s) else 0) for s in venvs)
+        needs.append(_need(venvs[0]["venv"], venv_bytes, "TensorFlow venvs", "the stack's venv"))
     floor = int(floor_mib) * MIB
     return [dict(n, need_bytes=max(n["need_bytes"], floor)) for n in needs]
+
+
+def _from_wheels(stack: dict) -> bool:
+    return (stack.get("cuda_toolkit") or {}).get("source") == "wheels"
 
 
 def compute_apps(lines: list[str]) -> list[dict]:

@@ -42,7 +42,15 @@ except ImportError as error:  # packaging comes with ansible-core; ansible-test'
 else:
     PACKAGING_ERROR = None
 
-PIN_KEYS = ("name", "tensorflow", "cuda", "cudnn", "python", "package", "venv", "state")
+PIN_KEYS = ("name", "tensorflow", "cuda", "cudnn", "cuda_source", "python", "package", "venv", "state")
+# Where a stack's CUDA and cuDNN come from: NVIDIA's runfile and cuDNN tar archive into /usr/local/cuda-X.Y
+# (the cuda_toolkit and cudnn roles), or NVIDIA's nvidia-*-cu<major> wheels inside the venv, as
+# ``pip install tensorflow[and-cuda]`` installs them (TensorFlow, "Install TensorFlow with pip", Linux,
+# https://www.tensorflow.org/install/pip#linux): the matrix's ``cuda_wheels`` section.
+CUDA_SOURCES = ("runfile", "wheels")
+WHEELS_PACKAGE = "tensorflow[and-cuda]"
+# The roles that install a toolkit tree and the cuDNN in it (runfile, tar archive): a wheels stack has neither.
+TREE_ROLES = ("cuda_toolkit", "cudnn")
 STATES = ("present", "absent")
 DEFAULT_VENV_ROOT = "/opt/tensorflow"
 CUDA_ROOT_PREFIX = "/usr/local/cuda-"
@@ -164,6 +172,42 @@ MESSAGES: dict[str, Message] = {
         "version matrix (gpu_preflight_matrix_file) and its dependency lock made (make locks) first.",
     ),
     "tensorflow_known_bad": Message("tensorflow", "TensorFlow {version}: {note}", ""),
+    "cuda_source_invalid": Message(
+        "cuda",
+        "cuda_source {source!r} is neither runfile nor wheels.",
+        "Set cuda_source: runfile (the default: NVIDIA's runfile into /usr/local/cuda-X.Y and cuDNN's tar archive) "
+        "or cuda_source: wheels (NVIDIA's CUDA and cuDNN wheels in the venv, pip install tensorflow[and-cuda]).",
+    ),
+    "wheels_tensorflow_too_old": Message(
+        "cuda",
+        "TensorFlow {series} has no [and-cuda] extra that brings NVIDIA's CUDA wheels; TensorFlow installs CUDA "
+        "from NVIDIA's wheels from {floor} on.",
+        "Pin TensorFlow {floor} or later for cuda_source: wheels, or leave cuda_source out to install CUDA from "
+        "NVIDIA's runfile.",
+    ),
+    "wheels_release_refused": Message(
+        "tensorflow",
+        "TensorFlow {version} with cuda_source: wheels: {note}",
+        'Pin TensorFlow {instead} (or its series, "{series}", which takes {latest}).',
+    ),
+    "wheels_package": Message(
+        "cuda",
+        "Package {package!r} has no [and-cuda] extra; only the tensorflow package brings NVIDIA's CUDA wheels.",
+        "Leave package out (or set package: tensorflow) for cuda_source: wheels.",
+    ),
+    "wheels_pin": Message(
+        "cuda",
+        "cuda_source: wheels takes the {key} TensorFlow {series}'s [and-cuda] extra pins ({built}); the stack pins "
+        "{key} {pin}.",
+        'Leave {key} out for cuda_source: wheels (or pin {key} "{built}"); another {key} release needs '
+        "cuda_source: runfile.",
+    ),
+    "wheels_driver_too_old": Message(
+        "driver",
+        "NVIDIA's CUDA {major} wheels of TensorFlow {series} (CUDA {cuda}) need driver >= {min_driver} (CUDA minor "
+        "version compatibility); the pinned driver is {driver}.",
+        "Raise nvidia_driver_version to >= {min_driver}{alternative}.",
+    ),
     "python_unreadable": Message(
         "python",
         "Could not read the version of {path} on the host{detail}.",
@@ -557,14 +601,15 @@ def cudnn_layout(archive: str) -> dict | None:
 # --- one stack: each step below is one check or one pick --------------------------------------
 
 
-def _tensorflow_record(pin: dict, tf_row: dict) -> dict:
-    """The stack's ``tensorflow`` record; a pin of only X.Y takes the series' latest release."""
+def _tensorflow_record(pin: dict, tf_row: dict, wheels: bool = False) -> dict:
+    """The stack's ``tensorflow`` record; a pin of only X.Y takes the series' latest release. A wheels stack's
+    package is ``tensorflow[and-cuda]``, whose extra brings NVIDIA's wheels."""
     tf_pin = str(pin["tensorflow"])
     series = _series(tf_pin)
     return {
         "version": tf_row["latest"] if tf_pin == series else tf_pin,
         "series": series,
-        "package": pin.get("package") or "",
+        "package": WHEELS_PACKAGE if wheels else pin.get("package") or "",
         "built_cuda": tf_row["cuda"],
         "built_cudnn": tf_row["cudnn"],
     }
@@ -642,6 +687,7 @@ def _pick_cuda(name: str, cuda_pin: str, matrix: dict, manifest: dict) -> tuple[
     if cuda_min_driver(matrix, version) is None:
         problems.append(_problem(name, "cuda_min_driver_missing", version=version))
     record = {
+        "source": "runfile",
         "version": version,
         "series": _series(version),
         "root": CUDA_ROOT_PREFIX + _series(version),
@@ -705,6 +751,7 @@ def _pick_cudnn(name: str, cudnn_pin: str, cuda_pin: str, manifest: dict) -> tup
         ]
     version = str(entry["version"])
     record = {
+        "source": "runfile",
         "version": version,
         "short": _series(version, 3),
         "series": _series(version),
@@ -785,8 +832,104 @@ def _stack_record(pin: dict, tf: dict, python: dict, cuda: dict | None, cudnn: d
         "python": python,
         "cuda_toolkit": cuda,
         "cudnn": cudnn,
-        "venv": pin.get("venv") or f"{DEFAULT_VENV_ROOT}/{tf['series']}",
+        "venv": _venv(pin, tf),
     }
+
+
+def _venv(pin: dict, tf: dict) -> str:
+    return pin.get("venv") or f"{DEFAULT_VENV_ROOT}/{tf['series']}"
+
+
+def cuda_source(pin: dict) -> str:
+    """Where the stack's CUDA comes from (:data:`CUDA_SOURCES`); a value that is neither is refused by
+    :func:`_check_pin_values` and read as ``runfile`` here."""
+    source = str(pin.get("cuda_source") or "runfile")
+    return source if source in CUDA_SOURCES else "runfile"
+
+
+def _resolve_runfile(
+    name: str, pin: dict, tf: dict, matrix: dict, manifest: dict, host: dict
+) -> tuple[dict | None, dict | None, list[Problem]]:
+    """The stack's CUDA runfile and cuDNN archive (``cuda_toolkit`` and ``cudnn`` records), checked against
+    TensorFlow's build and the driver."""
+    cuda_pin = str(pin.get("cuda") or tf["built_cuda"])
+    cudnn_pin = str(pin.get("cudnn") or tf["built_cudnn"])
+    cuda, problems = _resolve_cuda(name, tf, cuda_pin, matrix, manifest)
+    cudnn, found = _resolve_cudnn(name, tf, cudnn_pin, cuda_pin, manifest)
+    problems += found
+    problems += _check_driver(name, tf, cuda, str(host.get("driver_version") or ""), matrix, manifest)
+    problems += _check_checksums(name, [("cuda", cuda and cuda["runfile"]), ("cudnn", cudnn and cudnn["archive"])])
+    return cuda, cudnn, problems
+
+
+def _check_wheels_pin(name: str, pin: dict, tf: dict, matrix: dict) -> list[Problem]:
+    """What ``cuda_source: wheels`` allows besides TensorFlow's series: not a release the matrix refuses for it (``cuda_wheels.refused``, notes in ``known_bad``), the ``tensorflow`` package, and the CUDA and
+    cuDNN the extra pins (TensorFlow's build, the matrix row)."""
+    wheels = matrix["cuda_wheels"]
+    problems = []
+    if tf["version"] in wheels["refused"]:
+        latest = str(matrix["tensorflow"][tf["series"]]["latest"])
+        note = str(matrix["known_bad"][tf["version"]]).strip()
+        fields = {"version": tf["version"], "note": note, "series": tf["series"], "latest": latest}
+        problems.append(_problem(name, "wheels_release_refused", instead=latest, **fields))
+    package = pin.get("package")
+    if package and package != "tensorflow":
+        problems.append(_problem(name, "wheels_package", package=package))
+    for key, built in (("cuda", tf["built_cuda"]), ("cudnn", tf["built_cudnn"])):
+        value = str(pin.get(key) or "")
+        if value and not (_well_formed(key, value) and _series(value) == built):
+            problems.append(_problem(name, "wheels_pin", key=key, pin=value, built=built, series=tf["series"]))
+    return problems
+
+
+def _wheels_records(tf: dict, python: dict, venv: str, matrix: dict) -> tuple[dict, dict]:
+    """The ``cuda_toolkit`` and ``cudnn`` records of a wheels stack: the series TensorFlow's ``[and-cuda]`` extra pins
+    (its build, the matrix row), the library folders of NVIDIA's wheels in the venv, and the driver floor of the
+    CUDA major (NVIDIA "CUDA Minor Version Compatibility": the wheels' runtime runs on any driver of the major's
+    floor)."""
+    cuda, cudnn = tf["built_cuda"], tf["built_cudnn"]
+    major = cuda.split(".")[0]
+    found = str(python.get("version") or "")
+    python_series = _series(found) if re.match(r"[0-9]+\.[0-9]+", found) else "X.Y"
+    site = f"{venv}/lib/python{python_series}/site-packages"
+    toolkit = {
+        "source": "wheels",
+        "version": cuda,
+        "series": cuda,
+        "root": None,
+        "nvcc_version": None,
+        "cudart_soname": cudart_soname(cuda),
+        "min_driver": str(matrix["cuda_major_compat"][major]["min_driver"]),
+        "runfile": None,
+        "site_packages": site,
+        "library_dirs": [f"{site}/nvidia/{folder}/lib" for folder in matrix["cuda_wheels"]["library_folders"]],
+    }
+    dnn = {"source": "wheels", "version": cudnn, "short": cudnn, "series": cudnn, "major": int(cudnn.split(".")[0])}
+    return toolkit, {**dnn, "archive": None, "layout": None}
+
+
+def _check_wheels_driver(name: str, tf: dict, cuda: dict, driver_text: str, matrix: dict) -> list[Problem]:
+    """The driver must reach the CUDA major's floor; else older TensorFlow series the driver runs are named."""
+    if not driver_text or _v(driver_text) >= _v(cuda["min_driver"]):
+        return []
+    older = [s for s in tensorflow_series_for_driver(matrix, _v(driver_text)) if _v(s) < _v(tf["series"])]
+    alternative = f", or pin TensorFlow {_range_text(older)} with cuda_source: runfile" if older else ""
+    major = cuda["version"].split(".")[0]
+    fields = {"cuda": cuda["version"], "min_driver": cuda["min_driver"], "driver": driver_text, "major": major}
+    return [_problem(name, "wheels_driver_too_old", series=tf["series"], alternative=alternative, **fields)]
+
+
+def _resolve_wheels(
+    name: str, pin: dict, tf: dict, python: dict, matrix: dict, host: dict
+) -> tuple[dict | None, dict | None, list[Problem]]:
+    """A stack whose CUDA and cuDNN come from NVIDIA's wheels in its venv (``tensorflow[and-cuda]``)."""
+    floor = str(matrix["cuda_wheels"]["min_tensorflow"])
+    if _v(tf["series"]) < _v(floor):
+        return None, None, [_problem(name, "wheels_tensorflow_too_old", series=tf["series"], floor=floor)]
+    problems = _check_wheels_pin(name, pin, tf, matrix)
+    cuda, cudnn = _wheels_records(tf, python, _venv(pin, tf), matrix)
+    problems += _check_wheels_driver(name, tf, cuda, str(host.get("driver_version") or ""), matrix)
+    return cuda, cudnn, problems
 
 
 def resolve_stack(pin: dict, matrix: dict, manifest: dict, host: dict) -> dict:
@@ -822,22 +965,21 @@ def resolve_stack(pin: dict, matrix: dict, manifest: dict, host: dict) -> dict:
     problems = _check_tensorflow_release(name, tf_pin, tf_row)
     if problems:
         return {"ok": False, "stack": None, "problems": problems, "warnings": []}
-    tf = _tensorflow_record(pin, tf_row)
+    wheels = cuda_source(pin) == "wheels"
+    tf = _tensorflow_record(pin, tf_row, wheels)
     python = {"path": pin.get("python") or host["default_python"], "version": str(host.get("python_version", ""))}
     cuda_pin = str(pin.get("cuda") or tf["built_cuda"])
-    cudnn_pin = str(pin.get("cudnn") or tf["built_cudnn"])
-    warnings = _warn_known_bad(name, tf, matrix)
-    warnings += _warn_cuda_minor(name, tf, cuda_pin) if _well_formed("cuda", cuda_pin) else []
+    warnings = [] if wheels else _warn_known_bad(name, tf, matrix)
+    warnings += _warn_cuda_minor(name, tf, cuda_pin) if _well_formed("cuda", cuda_pin) and not wheels else []
 
     # The steps run in this order, and report their problems in it.
     problems = _check_python(name, tf, tf_row, python["path"], python["version"], matrix)
-    cuda, found = _resolve_cuda(name, tf, cuda_pin, matrix, manifest)
+    if wheels:
+        cuda, cudnn, found = _resolve_wheels(name, pin, tf, python, matrix, host)
+    else:
+        cuda, cudnn, found = _resolve_runfile(name, pin, tf, matrix, manifest, host)
     problems += found
-    cudnn, found = _resolve_cudnn(name, tf, cudnn_pin, cuda_pin, manifest)
-    problems += found
-    problems += _check_driver(name, tf, cuda, str(host.get("driver_version") or ""), matrix, manifest)
     problems += _check_compute_capability(name, tf, tf_row, host.get("gpus"))
-    problems += _check_checksums(name, [("cuda", cuda and cuda["runfile"]), ("cudnn", cudnn and cudnn["archive"])])
 
     stack = _stack_record(pin, tf, python, cuda, cudnn)
     return {"ok": not problems, "stack": stack, "problems": problems, "warnings": warnings}
@@ -923,6 +1065,8 @@ def _check_pin_values(index: int, pin: dict) -> list[Problem]:
         problems.append(_problem(label, "python_not_absolute", python=python))
     if pin.get("state", "present") not in STATES:
         problems.append(_problem(label, "state_invalid", state=pin.get("state")))
+    if str(pin.get("cuda_source") or "runfile") not in CUDA_SOURCES:
+        problems.append(_problem(label, "cuda_source_invalid", source=pin.get("cuda_source")))
     return problems
 
 
@@ -964,6 +1108,8 @@ def _absent_paths(pin: dict, matrix: dict) -> tuple[str, str, list[Problem]]:
             [_problem(name, "tensorflow_pin_invalid", pin=tf_pin, known=_range_text(list(matrix["tensorflow"])))],
         )
     tf_row = matrix["tensorflow"].get(_series(tf_pin)) or {}
+    if cuda_source(pin) == "wheels":
+        return "", _normal_path(str(pin.get("venv") or f"{DEFAULT_VENV_ROOT}/{_series(tf_pin)}")), []
     cuda_pin = str(pin.get("cuda") or tf_row.get("cuda") or "")
     if not cuda_pin:
         return "", "", [_unknown_tensorflow(name, tf_pin, matrix)]
@@ -989,8 +1135,13 @@ def _absent_stack(pin: dict, matrix: dict, stacks: list[dict]) -> tuple[dict | N
     users = [s["name"] for s in stacks if _nested(_normal_path(str(s["venv"])), venv)]
     if users:
         return None, [_problem(pin["name"], "absent_venv_in_use", name=pin["name"], venv=venv, user=users[0])]
-    in_use = {s["cuda_toolkit"]["root"] for s in stacks if s["cuda_toolkit"]}
-    return {"name": pin["name"], "venv": venv, "cuda_root": root, "remove_toolkit": root not in in_use}, []
+    in_use = {tree_root(s) for s in stacks}
+    return {
+        "name": pin["name"],
+        "venv": venv,
+        "cuda_root": root,
+        "remove_toolkit": bool(root) and root not in in_use,
+    }, []
 
 
 def _resolve_absent(pins: list[dict], matrix: dict, stacks: list[dict]) -> tuple[list[dict], list[Problem]]:
@@ -1035,6 +1186,12 @@ def _resolve_each(
     return stacks, problems, warnings
 
 
+def tree_root(stack: dict) -> str | None:
+    """The toolkit tree the stack's CUDA lives in (``/usr/local/cuda-X.Y``); None for a stack whose CUDA comes from
+    wheels in its venv, or whose CUDA did not resolve."""
+    return (stack.get("cuda_toolkit") or {}).get("root")
+
+
 def _check_shared_tree(stack: dict, other: dict) -> list[Problem]:
     """``stack`` and ``other`` use the same toolkit tree: same CUDA release, same cuDNN in it."""
     if other is stack:
@@ -1055,8 +1212,8 @@ def _unify_cudnn(stacks: list[dict]) -> tuple[list[dict], list[Problem]]:
     different majors stay as they are, for :func:`_check_shared_tree` to refuse."""
     groups: dict[str, list[int]] = {}
     for index, stack in enumerate(stacks):
-        if stack["cuda_toolkit"] and stack["cudnn"]:
-            groups.setdefault(stack["cuda_toolkit"]["root"], []).append(index)
+        if tree_root(stack) and stack["cudnn"]:
+            groups.setdefault(tree_root(stack), []).append(index)
     chosen: dict[int, dict] = {}
     warnings = []
     for root, members in groups.items():
@@ -1080,8 +1237,8 @@ def _check_side_by_side(stacks: list[dict]) -> list[Problem]:
     by_root: dict[str, dict] = {}
     by_venv: dict[str, str] = {}
     for stack in stacks:
-        if stack["cuda_toolkit"]:
-            problems += _check_shared_tree(stack, by_root.setdefault(stack["cuda_toolkit"]["root"], stack))
+        if tree_root(stack):
+            problems += _check_shared_tree(stack, by_root.setdefault(tree_root(stack), stack))
         venv = _normal_path(str(stack["venv"]))
         if venv in by_venv:
             suggestion = f"{DEFAULT_VENV_ROOT}/{stack['name']}"
@@ -1161,12 +1318,15 @@ def stacks_unresolved(role: str) -> str:
 
 def stacks_required(stacks: list[dict] | None, role: str) -> list[dict]:
     """The resolved stacks ``role`` reads; raises :func:`stacks_unresolved`'s message when none were published.
+    The roles of :data:`TREE_ROLES` read only the stacks whose CUDA lives in a toolkit tree (not from wheels).
 
     Read where the role first reads the stacks, so that a role run before the stacks are resolved stops there, before
     any change, without a task of its own.
     """
     if stacks is None:
         raise AnsibleFilterError(stacks_unresolved(role))
+    if role in TREE_ROLES:
+        return [stack for stack in stacks if tree_root(stack)]
     return stacks
 
 

@@ -185,3 +185,10 @@ def test_a_host_holds_back_its_bad_stacks_and_stops_on_its_files():
     found = gpu_artifacts_host_problems(stacks, {"runfile": {"file": "d.run"}}, {XZ: "bad xz.", "d.run": "bad d."})
     assert found == {"bad_stacks": {"new": "bad xz."}, "driver_bad": True, "message": "bad xz. bad d."}
     assert gpu_artifacts_host_problems(stacks, None, {})["message"] == ""
+
+
+def test_a_wheels_stack_needs_no_artifact_and_is_never_held_back_for_one():
+    wheels = {"name": "w", "cuda_toolkit": {"source": "wheels", "runfile": None}, "cudnn": {"archive": None}}
+    assert [r["file"] for r in gpu_artifacts_needed([[wheels, _stack("r", RUN, XZ)]], [None])] == [RUN, XZ]
+    found = gpu_artifacts_host_problems([wheels, _stack("r", RUN, XZ)], None, {RUN: "bad run."})
+    assert found == {"bad_stacks": {"r": "bad run."}, "driver_bad": False, "message": "bad run."}

@@ -925,3 +925,25 @@ def test_a_driver_whose_kernel_module_is_not_loaded_is_named_and_the_run_goes_on
     assert [p["check"] for p in strict["problems"]] == ["kernel_module"]
     loaded = gpu_host.check_host(facts(gpus=dict(gpus, module_not_loaded=False), expected_gpu_count=2))
     assert not [w for w in loaded["warnings"] if w["check"] == "kernel_module"]
+
+
+WHEELS_STACK = {
+    "venv": "/opt/tensorflow/2.18",
+    "cuda_toolkit": {"source": "wheels", "root": None, "runfile": None},
+    "cudnn": {"source": "wheels", "archive": None},
+}
+
+
+def test_a_wheels_stack_needs_no_toolkit_space_and_a_larger_venv():
+    needs = gpu_host.space_needs([WHEELS_STACK], None, {}, PATHS)
+    assert needs == [
+        {
+            "path": "/opt/tensorflow/2.18",
+            "need_bytes": gpu_host.VENV_BYTES + gpu_host.CUDA_WHEELS_BYTES,
+            "purpose": "TensorFlow venvs",
+            "variable": "the stack's venv",
+        }
+    ]
+    beside = gpu_host.space_needs([STACK, WHEELS_STACK], None, {}, PATHS)
+    assert [n["path"] for n in beside][:3] == ["/var/cache/gpu-artifacts", "/var/tmp/cuda", "/usr/local/cuda-11.8"]
+    assert beside[-1]["need_bytes"] == 2 * gpu_host.VENV_BYTES + gpu_host.CUDA_WHEELS_BYTES

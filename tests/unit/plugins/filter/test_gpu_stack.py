@@ -824,8 +824,8 @@ def test_cudnn_header_version(text, version):
 def test_unknown_stack_key_is_named():
     result = resolve({"name": "x", "tensorflow": "2.12", "pakage": "tensorflow-cpu"})
     assert result["messages"] == [
-        "x: Unknown key 'pakage' in gpu_preflight_stacks. Use only name, tensorflow, cuda, cudnn, python, package, "
-        "venv, state (check the spelling)."
+        "x: Unknown key 'pakage' in gpu_preflight_stacks. Use only name, tensorflow, cuda, cudnn, cuda_source, "
+        "python, package, venv, state (check the spelling)."
     ]
 
 
@@ -1190,8 +1190,13 @@ def test_a_role_that_runs_before_the_stacks_are_resolved_names_the_cause_and_the
 def test_the_stacks_a_role_reads_come_back_or_stop_it_with_the_fix():
     required = gpu_stack.FilterModule().filters()["gpu_stacks_required"]
     stacks = [{"name": "tf2.15"}]
-    assert required(stacks, "cudnn") is stacks
+    assert required(stacks, "tf_venv") is stacks
     assert required([], "cudnn") == []
+    # The roles that install toolkit trees read only the stacks that have one (not those whose CUDA is wheels).
+    runfile = {"name": "r", "cuda_toolkit": {"source": "runfile", "root": "/usr/local/cuda-11.8"}}
+    wheels = {"name": "w", "cuda_toolkit": {"source": "wheels", "root": None}}
+    assert required([runfile, wheels], "cudnn") == required([runfile, wheels], "cuda_toolkit") == [runfile]
+    assert required([runfile, wheels], "gpu_env") == [runfile, wheels]
     with pytest.raises(AnsibleFilterError) as raised:
         required(None, "cudnn")
     assert str(raised.value) == gpu_stack.stacks_unresolved("cudnn")
@@ -1259,3 +1264,100 @@ def test_a_phase_playbook_resolves_the_stacks_for_the_hosts_no_earlier_play_did(
     first, phase = run.stdout.split("PLAY [first]", 1)[1].split("PLAY [phase]", 1)
     assert "a resolves" in first and "b resolves" in first
     assert "b resolves" in phase and "a resolves" not in phase
+
+
+# --- cuda_source: wheels (tensorflow[and-cuda]) -------------------------------------------------------
+
+DRIVER_55X = "555.42.06"
+WHEELS = {"name": "wheels", "tensorflow": "2.18", "cuda_source": "wheels"}
+
+
+def _wheels(pins=WHEELS, driver="535.104.05", python="3.11.2", **host):
+    return resolve(pins, python=python, driver=driver, manifest=_manifest(**DRIVER_535), **host)
+
+
+def test_a_wheels_stack_needs_no_runfile_nor_archive_and_names_the_wheels_folders():
+    # On driver 535 the CUDA 12.5 runfile stops (it needs 555.42.06); the wheels' runtime runs (minor version
+    # compatibility of CUDA 12: 525.60.13).
+    assert [p["check"] for p in _wheels(dict(WHEELS, cuda_source="runfile"))["problems"]] == ["driver"]
+    result = _wheels()
+    assert result["ok"], result["messages"]
+    stack = result["stacks"][0]
+    site = "/opt/tensorflow/2.18/lib/python3.11/site-packages"
+    assert stack["tensorflow"]["package"] == "tensorflow[and-cuda]"
+    assert gpu_stack.tf_requirement(stack["tensorflow"]) == "tensorflow[and-cuda]==2.18.1"
+    cuda, cudnn = stack["cuda_toolkit"], stack["cudnn"]
+    assert (cuda["source"], cuda["version"], cuda["root"], cuda["runfile"]) == ("wheels", "12.5", None, None)
+    assert (cuda["min_driver"], cuda["cudart_soname"], cuda["site_packages"]) == ("525.60.13", "libcudart.so.12", site)
+    assert f"{site}/nvidia/cuda_runtime/lib" in cuda["library_dirs"]
+    assert f"{site}/nvidia/cudnn/lib" in cuda["library_dirs"]
+    assert (cudnn["source"], cudnn["version"], cudnn["major"], cudnn["archive"]) == ("wheels", "9.3", 9, None)
+    assert gpu_stack.tree_root(stack) is None
+
+
+def test_runfile_stacks_say_where_their_cuda_comes_from():
+    stack = resolve({"name": "a", "tensorflow": "2.12"})["stacks"][0]
+    assert (stack["cuda_toolkit"]["source"], stack["cudnn"]["source"]) == ("runfile", "runfile")
+    assert gpu_stack.tree_root(stack) == "/usr/local/cuda-11.8"
+
+
+@pytest.mark.parametrize(("release", "instead"), [("2.15.0", "2.15.1"), ("2.16.1", "2.16.2")])
+def test_wheels_refuse_the_known_bad_releases_with_the_fix(release, instead):
+    result = _wheels(dict(WHEELS, tensorflow=release))
+    refused = [p for p in result["problems"] if p["check"] == "tensorflow"]
+    assert len(refused) == 1, result["messages"]
+    assert release in refused[0]["cause"] and f"Pin TensorFlow {instead}" in refused[0]["fix"]
+    # A runfile stack of the same release only gets the known_bad warning.
+    runfile = resolve(dict(WHEELS, tensorflow=release, cuda_source="runfile"), driver=DRIVER_55X)
+    assert not [p for p in runfile["problems"] if p["check"] == "tensorflow"]
+
+
+def test_wheels_refuse_a_tensorflow_without_the_extra():
+    result = _wheels(dict(WHEELS, tensorflow="2.12"))
+    assert [p["check"] for p in result["problems"]] == ["cuda"]
+    assert "from 2.15 on" in result["messages"][0] and "leave cuda_source out" in result["messages"][0]
+
+
+def test_wheels_need_the_cuda_major_floor_of_the_driver():
+    result = _wheels(driver="520.61.05")
+    assert [p["check"] for p in result["problems"]] == ["driver"], result["messages"]
+    assert "525.60.13" in result["problems"][0]["cause"] and "520.61.05" in result["problems"][0]["cause"]
+    assert "pin TensorFlow 2.4-2.14 with cuda_source: runfile" in result["problems"][0]["fix"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "named"),
+    [
+        ({"package": "tensorflow-cpu"}, "tensorflow-cpu"),
+        ({"cuda": "12.3"}, "cuda 12.3"),
+        ({"cudnn": "8.9"}, "cudnn 8.9"),
+    ],
+)
+def test_wheels_refuse_pins_the_extra_does_not_install(extra, named):
+    result = _wheels(dict(WHEELS, **extra))
+    assert len(result["problems"]) == 1 and named in result["messages"][0], result["messages"]
+    assert _wheels(dict(WHEELS, cuda="12.5", cudnn="9.3.0", package="tensorflow"))["ok"]
+
+
+def test_wheels_stacks_share_no_tree_with_each_other_or_a_runfile_stack():
+    pins = [
+        {"name": "tf2.12", "tensorflow": "2.12"},
+        dict(WHEELS, name="w2.18"),
+        dict(WHEELS, name="w2.17", tensorflow="2.17"),
+    ]
+    result = _wheels(pins, default="tf2.12")
+    assert result["ok"], result["messages"]
+    assert [gpu_stack.tree_root(s) for s in result["stacks"]] == ["/usr/local/cuda-11.8", None, None]
+
+
+def test_an_absent_wheels_stack_removes_its_venv_and_no_toolkit():
+    pins = [{"name": "tf2.12", "tensorflow": "2.12"}, dict(WHEELS, state="absent")]
+    result = _wheels(pins, default="tf2.12")
+    assert result["absent"] == [
+        {"name": "wheels", "venv": "/opt/tensorflow/2.18", "cuda_root": "", "remove_toolkit": False}
+    ]
+
+
+def test_an_unknown_cuda_source_is_named():
+    result = _wheels(dict(WHEELS, cuda_source="conda"))
+    assert any("cuda_source 'conda' is neither runfile nor wheels" in m for m in result["messages"])
