@@ -1,7 +1,9 @@
-"""Two stacks on one host after site.yml (testinfra, podman backend): TensorFlow 2.12 on CUDA 11.8
-and cuDNN 8.6, TensorFlow 2.18 on CUDA 12.5 and cuDNN 9.3. Each venv loads its own toolkit's
-libcudart and libcudnn in every context, though the loader cache serves the default stack only;
-tf-stack lists both. (Two toolkits with the same sonames are tests/unit/test_tf_stack.py's case.)"""
+"""Three stacks on one host after site.yml (testinfra, podman backend): TensorFlow 2.12 on CUDA 11.8
+and cuDNN 8.6, TensorFlow 2.18 on CUDA 12.5 and cuDNN 9.3, and TensorFlow 2.18 with CUDA 12.5 and
+cuDNN 9.3 from NVIDIA's wheels in its venv (tensorflow[and-cuda]). Each venv loads its own toolkit's
+(or its own wheels') libcudart and libcudnn in every context, though the loader cache serves the
+default stack only; tf-stack lists all three. tf2.18 and tf2.18w load the same sonames from different
+folders. (Two toolkits with the same sonames are tests/unit/test_tf_stack.py's case.)"""
 
 from __future__ import annotations
 
@@ -10,13 +12,17 @@ import shlex
 
 import pytest
 
-STACKS = {  # name: (venv, toolkit, libcudart's real file, cudnnGetVersion, TensorFlow)
+WHEELS_VENV = "/opt/tensorflow/2.18-wheels"
+STACKS = {  # name: (venv, toolkit or the wheels' folder, libcudart's real file, cudnnGetVersion, TensorFlow)
     "tf2.12": ("/opt/tensorflow/2.12", "/usr/local/cuda-11.8", "libcudart.so.11.8.89", 8600, "2.12.1"),
     "tf2.18": ("/opt/tensorflow/2.18", "/usr/local/cuda-12.5", "libcudart.so.12.5.82", 90300, "2.18.1"),
+    # NVIDIA's wheels name the runtime's file by its soname.
+    "tf2.18w": (WHEELS_VENV, f"{WHEELS_VENV}/lib/python3.11/site-packages/nvidia", "libcudart.so.12", 90300, "2.18.1"),
 }
 SONAMES = {  # name: (libcudart, libcudnn, one of cuDNN's sub-libraries), as NVIDIA names them
     "tf2.12": ("libcudart.so.11.0", "libcudnn.so.8", "libcudnn_ops_infer.so.8"),
     "tf2.18": ("libcudart.so.12", "libcudnn.so.9", "libcudnn_ops.so.9"),
+    "tf2.18w": ("libcudart.so.12", "libcudnn.so.9", "libcudnn_ops.so.9"),
 }
 
 
@@ -68,6 +74,7 @@ def test_each_venv_loads_its_own_toolkit_in_every_context(host, name, context):
 def test_the_loader_cache_serves_the_default_stack_only(host):
     cache = host.run("ldconfig -p").stdout
     assert "/usr/local/cuda-11.8/" in cache and "/usr/local/cuda-12.5/" not in cache
+    assert f"{WHEELS_VENV}/" not in cache
     assert host.file("/usr/local/cuda").linked_to == "/usr/local/cuda-11.8"
 
 
@@ -79,6 +86,8 @@ def test_tf_stack_lists_both_with_the_default_marked(host):
     rows = {row["TF_STACK"]: row for row in listed["stacks"]}
     assert sorted(rows) == sorted(STACKS) and all(row["TF_STACK_HEALTH"] == "ok" for row in rows.values())
     assert (rows["tf2.18"]["TF_STACK_CUDA"], rows["tf2.18"]["TF_STACK_CUDNN"]) == ("12.5.1", "9.3.0.75")
+    assert (rows["tf2.18w"]["TF_STACK_CUDA"], rows["tf2.18w"]["TF_STACK_CUDNN"]) == ("12.5", "9.3")
+    assert rows["tf2.18w"]["TF_STACK_PACKAGE"] == "tensorflow[and-cuda]"
 
 
 @pytest.mark.parametrize("name", sorted(STACKS))
