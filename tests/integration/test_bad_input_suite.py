@@ -35,6 +35,7 @@ from sandbox_hosts import ROOT, STANDINS, link_or_copy, site, start_container, s
 from wheelhouse import WHEELHOUSE
 
 TF = {"name": "tf2.12", "tensorflow": "2.12", "cuda": "11.8", "cudnn": "8.6", "package": "tensorflow-cpu"}
+WHEELS = {"name": "tf2.18w", "tensorflow": "2.18", "cuda_source": "wheels", "venv": "/opt/tensorflow/2.18-wheels"}
 PREFLIGHT_PLAY = "Check the pinned stacks, the hosts and the artifacts before any change"
 LISTED = ["/usr/local", "/opt", "/etc"]
 SMALL_TMPFS = "/var/tmp/small"
@@ -490,6 +491,18 @@ CASES = [
             "gpu_slurm_gres_type is 'a100 80gb': a GRES type is one word of slurm.conf",
             "Fix: set gpu_slurm_gres_type to a name such as 'a100'",
         ),
+    ),
+    # A stack of TensorFlow's own install path (CUDA from NVIDIA's wheels) on a release whose wheels were not found.
+    Case(
+        "wheels_release_refused",
+        {"gpu_preflight_stacks": [TF, {**WHEELS, "tensorflow": "2.16.1"}]},
+        ("TensorFlow 2.16.1 with cuda_source: wheels", "tensorflow/tensorflow#63362", "Pin TensorFlow 2.16.2"),
+    ),
+    # The sandbox's driver 520.61.05 is below CUDA 12's minor-version-compatibility floor.
+    Case(
+        "wheels_driver_below_the_floor",
+        {"gpu_preflight_stacks": [TF, WHEELS]},
+        ("CUDA 12 wheels of TensorFlow 2.18 (CUDA 12.5) need driver >= 525.60.13", "Raise nvidia_driver_version"),
     ),
 ]
 
