@@ -42,6 +42,9 @@ LOCKS = tuple(
         "tensorflow-cpu-2.18.1-py3.11.txt",
         # The Debian 13 host (tests/integration/test_newest_core.py): CPython 3.13.
         "tensorflow-cpu-2.20.0-py3.13.txt",
+        # A stack whose CUDA and cuDNN are NVIDIA's wheels (tensorflow[and-cuda]): about 2.4 GB, most of it
+        # the nvidia-*-cu12 wheels, fetched once per machine like the rest.
+        "tensorflow-and-cuda-2.18.1-py3.11.txt",
     )
 )
 LOCKS += tuple(sorted((ROOT / "tests" / "fixtures" / "locks-jupyter").glob("*.txt")))

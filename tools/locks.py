@@ -2,7 +2,8 @@
 """Write the TensorFlow venvs' dependency locks: every distribution pinned, with its hashes.
 
 ``make locks`` runs this with no arguments: one lock per row and Python version of
-data/locks/targets.yml, written to data/locks/<package>-<version>-py<X.Y>.txt. tf_venv installs a
+data/locks/targets.yml, written to data/locks/<package>-<version>-py<X.Y>.txt (a package's extras follow
+its name: ``tensorflow[and-cuda]`` -> tensorflow-and-cuda-2.18.1-py3.11.txt). tf_venv installs a
 stack's venv from its lock with ``pip install --require-hashes --no-deps -r <lock>``.
 
 Each lock is ``uv pip compile --generate-hashes`` of ``<package>==<version>`` (plus ``--extra``
@@ -45,7 +46,7 @@ from packaging.version import Version
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "plugins" / "module_utils"))
-from gpu_lock import lock_file_name, normalize_name, python_series  # noqa: E402
+from gpu_lock import lock_file_name, normalize_name, package_requirement, python_series, split_package  # noqa: E402
 
 TARGETS = ROOT / "data" / "locks" / "targets.yml"
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -70,7 +71,7 @@ class Lock(NamedTuple):
 
     @property
     def pins(self) -> list[str]:
-        return [f"{normalize_name(self.package)}=={self.tensorflow}", *self.extras]
+        return [package_requirement(self.package, self.tensorflow), *self.extras]
 
 
 class Constraint(NamedTuple):
@@ -136,11 +137,16 @@ def load_targets(path: Path = TARGETS) -> tuple[Settings, list[Lock]]:
 
 
 def check_lock(lock: Lock) -> None:
-    """A lock names an exact TensorFlow release and a Python X.Y.
+    """A lock names a package (extras allowed: ``tensorflow[and-cuda]``), an exact TensorFlow release and a
+    Python X.Y.
 
     Raises:
         UsageError: otherwise.
     """
+    try:
+        split_package(lock.package)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
     if len(lock.tensorflow.split(".")) != 3 or not lock.tensorflow.replace(".", "").isdigit():
         raise UsageError(f"TensorFlow {lock.tensorflow!r} is not an exact release X.Y.Z (locks pin one release)")
     if python_series(lock.python) != lock.python:
@@ -252,7 +258,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--targets", type=Path, default=TARGETS, help="targets file (default data/locks/targets.yml)")
     parser.add_argument("--out-dir", type=Path, help="where the locks go (default: the targets file's folder)")
-    parser.add_argument("--package", help="one lock: pip package, tensorflow or tensorflow-cpu")
+    parser.add_argument(
+        "--package",
+        help="one lock: pip package, tensorflow, tensorflow-cpu or tensorflow[and-cuda] (CUDA from NVIDIA's wheels)",
+    )
     parser.add_argument("--tensorflow", metavar="X.Y.Z", help="one lock: TensorFlow release")
     parser.add_argument("--python", metavar="X.Y", help="one lock: the hosts' Python")
     parser.add_argument(

@@ -1,6 +1,7 @@
 """Filters for the TensorFlow venvs' dependency locks (plugins/module_utils/gpu_lock.py).
 
-``gpu_tf_lock_name``: a resolved stack -> the file name of its lock (``tensorflow-cpu-2.12.1-py3.11.txt``).
+``gpu_tf_lock_name``: a resolved stack -> the file name of its lock (``tensorflow-cpu-2.12.1-py3.11.txt``;
+``tensorflow-and-cuda-2.18.1-py3.11.txt`` for ``tensorflow[and-cuda]``).
 ``gpu_tf_lock_plan``: a stack's lock text (or none) -> whether tf_venv installs from it, or the
 problem (cause and fix) that stops the host in preflight.
 ``gpu_lock_drift``: a lock's text and a venv's ``{name: version}`` -> what differs.
@@ -13,6 +14,7 @@ Each is documented in plugins/filter/<name>.yml.
 from __future__ import annotations
 
 import posixpath
+import shlex
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
@@ -40,14 +42,15 @@ def gpu_tf_lock_name(stack: dict, default_package: str = "tensorflow") -> str:
 
 
 def _lock_command(stack: dict, default_package: str, extras: list[str]) -> str:
-    """The tools/locks.py command line that makes this stack's lock."""
+    """The tools/locks.py command line that makes this stack's lock, quoted for a shell where needed (a package
+    with extras, ``'tensorflow[and-cuda]'``, is a pattern to the shell otherwise)."""
     tensorflow = stack.get("tensorflow") or {}
     series = python_series((stack.get("python") or {}).get("version"))
     command = (
-        f"{LOCK_TOOL} --package {tensorflow.get('package') or default_package} "
+        f"{LOCK_TOOL} --package {shlex.quote(str(tensorflow.get('package') or default_package))} "
         f"--tensorflow {tensorflow.get('version')} --python {series}"
     )
-    return command + "".join(f" --extra {extra}" for extra in extras)
+    return command + "".join(f" --extra {shlex.quote(str(extra))}" for extra in extras)
 
 
 def tf_lock_plan(

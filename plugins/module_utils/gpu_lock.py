@@ -3,7 +3,8 @@
 A *lock* is a pip requirements file that pins every distribution a stack's venv holds, each with
 its sha256 hashes (``name==version \\ --hash=sha256:...``), made by ``make locks``
 (tools/locks.py, ``uv pip compile --generate-hashes``) and kept per TensorFlow package, version
-and Python X.Y: ``data/locks/tensorflow-cpu-2.12.1-py3.11.txt``. tf_venv installs one with
+and Python X.Y: ``data/locks/tensorflow-cpu-2.12.1-py3.11.txt``, or for a package with extras
+(``tensorflow[and-cuda]``) ``data/locks/tensorflow-and-cuda-2.18.1-py3.11.txt``. tf_venv installs one with
 ``pip install --require-hashes --no-deps -r <lock>`` and pushes it to ``<venv>/tf-lock.txt``.
 
 Shared by the ``gpu_tf_lock_name``, ``gpu_tf_lock_problem`` and ``gpu_lock_drift`` filters
@@ -20,6 +21,9 @@ Sources:
   https://pip.pypa.io/en/stable/topics/secure-installs/#hash-checking-mode
 - Name normalisation (runs of ``-``, ``_`` and ``.`` are one ``-``, lower case): PEP 503,
   https://peps.python.org/pep-0503/#normalized-names
+- A requirement's extras (``name[extra,...]``, the extra's name spelled like a distribution's) are no part
+  of the distribution's name: PEP 508, "Extras", https://peps.python.org/pep-0508/#extras; extras
+  are normalised as names are: PEP 685, https://peps.python.org/pep-0685/
 - ``pip freeze`` leaves out pip, setuptools, wheel and distribute unless ``--all`` is given
   (https://pip.pypa.io/en/stable/cli/pip_freeze/): ``python -m venv`` puts them there
   (ensurepip), so a venv holds them whether or not the lock names them.
@@ -43,6 +47,10 @@ _SEPARATORS = re.compile(r"[-_.]+")
 # ``name[extras]==version`` then anything (hashes, a marker); the name per PEP 508.
 _PINNED = re.compile(r"^([A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?)\s*(?:\[[^\]]*\])?\s*===?\s*([^\s;\\]+)")
 _SERIES = re.compile(r"^([0-9]+)\.([0-9]+)")
+# A package as a stack or tools/locks.py names it: a distribution name (PEP 508) and, optionally, its extras in
+# brackets, ``tensorflow[and-cuda]``.
+_NAME = r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?"
+_PACKAGE = re.compile(rf"^\s*({_NAME})\s*(?:\[\s*((?:{_NAME}\s*,\s*)*{_NAME})?\s*\])?\s*$")
 
 
 def normalize_name(name: str) -> str:
@@ -56,17 +64,50 @@ def python_series(version: str) -> str:
     return f"{match.group(1)}.{match.group(2)}" if match else ""
 
 
-def lock_file_name(package: str, version: str, python_version: str) -> str:
-    """The lock's file name: ``tensorflow-cpu-2.12.1-py3.11.txt`` (package PEP 503 normalised,
-    the Python version cut to X.Y).
+def split_package(package: str) -> tuple[str, tuple[str, ...]]:
+    """A package and its extras: ``TensorFlow[and_cuda]`` -> ``("tensorflow", ("and-cuda",))``, each name PEP 503
+    normalised, the extras sorted and each once (``packaging.requirements.Requirement``'s ``name`` and
+    ``extras``, normalised, without that package: the verification scripts run with the standard library only).
 
     Raises:
-        ValueError: the Python version has no X.Y (the stack's interpreter was not read).
+        ValueError: the text is not a name with optional extras (a version, a marker or a URL is no package).
+    """
+    match = _PACKAGE.match(str(package or ""))
+    if not match:
+        raise ValueError(
+            f"package {package!r} is not a distribution name with optional extras in brackets "
+            "(tensorflow, tensorflow-cpu, tensorflow[and-cuda])"
+        )
+    extras = {normalize_name(extra.strip()) for extra in (match.group(2) or "").split(",") if extra.strip()}
+    return normalize_name(match.group(1)), tuple(sorted(extras))
+
+
+def distribution_name(package: str) -> str:
+    """The distribution a package installs, without its extras: ``tensorflow[and-cuda]`` -> ``tensorflow``, the
+    name ``pip freeze`` and ``importlib.metadata`` list it by (PEP 503 normalised; :func:`split_package`)."""
+    return split_package(package)[0]
+
+
+def lock_file_name(package: str, version: str, python_version: str) -> str:
+    """The lock's file name: ``tensorflow-cpu-2.12.1-py3.11.txt`` (package PEP 503 normalised, each extra
+    after it as ``-<extra>``: ``tensorflow-and-cuda-2.18.1-py3.11.txt``; the Python version cut to X.Y).
+
+    Raises:
+        ValueError: the Python version has no X.Y (the stack's interpreter was not read), or the package is
+            not a name with optional extras (:func:`split_package`).
     """
     series = python_series(python_version)
     if not series:
         raise ValueError(f"Python version {python_version!r} has no X.Y to choose a lock by")
-    return f"{normalize_name(package)}-{version}-py{series}.txt"
+    name, extras = split_package(package)
+    return f"{'-'.join((name, *extras))}-{version}-py{series}.txt"
+
+
+def package_requirement(package: str, version: str) -> str:
+    """The exact pin of a package at a version, its extras kept: ``tensorflow[and-cuda]==2.18.1`` (names
+    normalised, :func:`split_package`)."""
+    name, extras = split_package(package)
+    return f"{name}{'[' + ','.join(extras) + ']' if extras else ''}=={version}"
 
 
 def _logical_lines(text: str) -> list[str]:

@@ -80,6 +80,27 @@ def test_one_lock_with_extras_into_a_folder_of_ones_own(tmp_path, fake_uv):
     assert "from pins.in = tensorflow==2.12.1 pandas==2.2.3" in text and "pandas==2.2.3 \\" in text
 
 
+def test_a_package_with_extras_is_resolved_with_them_into_a_lock_named_after_them(tmp_path, fake_uv):
+    targets = tmp_path / "targets.yml"
+    targets.write_text(TARGETS.replace("{package: tensorflow-cpu,", '{package: "TensorFlow[ And_CUDA ]",'))
+    assert locks.main(["--targets", str(targets), "--uv", fake_uv]) == 0
+    text = (tmp_path / "tensorflow-and-cuda-2.12.1-py3.11.txt").read_text()
+    assert text.startswith("# Dependency lock of tensorflow[and-cuda]==2.12.1 for CPython 3.11 on Linux x86_64:\n")
+    assert "from pins.in = tensorflow[and-cuda]==2.12.1:" in text
+    assert "tensorflow[and-cuda]==2.12.1 \\\n    --hash=sha256:" in text  # what uv was given to resolve
+    assert sorted(path.name for path in tmp_path.glob("*.txt")) == [
+        "tensorflow-and-cuda-2.12.1-py3.10.txt",
+        "tensorflow-and-cuda-2.12.1-py3.11.txt",
+    ]
+
+
+def test_a_targets_row_whose_package_is_no_name_is_a_usage_error(tmp_path, fake_uv, capsys):
+    targets = tmp_path / "targets.yml"
+    targets.write_text(TARGETS.replace("{package: tensorflow-cpu,", '{package: "tensorflow>=2",'))
+    assert locks.main(["--targets", str(targets), "--uv", fake_uv]) == 2
+    assert "package 'tensorflow>=2' is not a distribution name with optional extras" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     "argv",
     [
@@ -92,6 +113,8 @@ def test_one_lock_with_extras_into_a_folder_of_ones_own(tmp_path, fake_uv):
         ["--package", "tensorflow", "--tensorflow", "2.12.1", "--python", "3.10", "--extra", "ipykernel>=6.29"],
         ["--package", "tensorflow", "--tensorflow", "2.12.1", "--python", "3.10", "--extra", "a==1 b==2"],
         ["--package", "tensorflow", "--tensorflow", "2.12.1", "--python", "3.10", "--extra", "a==1\n--index-url x"],
+        ["--package", "tensorflow==2.18.1", "--tensorflow", "2.18.1", "--python", "3.11"],
+        ["--package", "tensorflow[and-cuda", "--tensorflow", "2.18.1", "--python", "3.11"],
     ],
 )
 def test_bad_arguments_exit_2(argv, fake_uv, capsys):

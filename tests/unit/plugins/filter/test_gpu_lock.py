@@ -13,7 +13,9 @@ from ansible.errors import AnsibleFilterError
 # tests/conftest.py puts ROOT/collections on sys.path: plugins import by their collection path.
 from ansible_collections.gpu_fleet.tf_hosts.plugins.filter import gpu_lock as lock_filters
 from ansible_collections.gpu_fleet.tf_hosts.plugins.module_utils import gpu_lock
+from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
+from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parents[4]
 LOCKS = ROOT / "data" / "locks"
@@ -53,6 +55,10 @@ def stack(package: str = "tensorflow-cpu", version: str = "2.12.1", python: str 
         ("tensorflow-cpu", "2.12.1", "3.11.2", "tensorflow-cpu-2.12.1-py3.11.txt"),
         ("tensorflow", "2.12.1", "3.10", "tensorflow-2.12.1-py3.10.txt"),
         ("TensorFlow_CPU", "2.15.1", "3.9.18", "tensorflow-cpu-2.15.1-py3.9.txt"),
+        # A package's extras follow its name, normalised and sorted as the name is.
+        ("tensorflow[and-cuda]", "2.18.1", "3.11.2", "tensorflow-and-cuda-2.18.1-py3.11.txt"),
+        ("TensorFlow[And_CUDA]", "2.18.1", "3.11", "tensorflow-and-cuda-2.18.1-py3.11.txt"),
+        ("tensorflow[ b , and-cuda ]", "2.18.1", "3.11", "tensorflow-and-cuda-b-2.18.1-py3.11.txt"),
     ],
 )
 def test_the_lock_file_is_named_by_package_version_and_python_series(package, version, python, expected):
@@ -62,11 +68,39 @@ def test_the_lock_file_is_named_by_package_version_and_python_series(package, ve
 def test_the_filter_names_the_lock_of_a_resolved_stack_with_the_default_package():
     assert lock_filters.gpu_tf_lock_name(stack()) == "tensorflow-cpu-2.12.1-py3.11.txt"
     assert lock_filters.gpu_tf_lock_name(stack(package=""), "tensorflow") == "tensorflow-2.12.1-py3.11.txt"
+    wheels = stack(package="tensorflow[and-cuda]", version="2.18.1")
+    assert lock_filters.gpu_tf_lock_name(wheels, "tensorflow-cpu") == "tensorflow-and-cuda-2.18.1-py3.11.txt"
+    assert lock_filters.gpu_tf_lock_name(stack(package=""), "tensorflow[and-cuda]") == (
+        "tensorflow-and-cuda-2.12.1-py3.11.txt"
+    )
 
 
 def test_a_stack_whose_python_is_unknown_has_no_lock_name():
     with pytest.raises(AnsibleFilterError, match=r"stack tf2.12: Python version '' has no X.Y"):
         lock_filters.gpu_tf_lock_name(stack(python=""))
+
+
+@pytest.mark.parametrize("package", ["tensorflow==2.18.1", "tensorflow[and-cuda", "tensorflow[and cuda]", "x y", "-tf"])
+def test_a_package_that_is_no_name_with_extras_has_no_lock_name(package):
+    with pytest.raises(AnsibleFilterError, match=rf"stack tf2.12: package {re.escape(repr(package))} is not a "):
+        lock_filters.gpu_tf_lock_name(stack(package=package))
+
+
+@pytest.mark.parametrize(
+    "package",
+    ["tensorflow", "TensorFlow_CPU", "tensorflow[and-cuda]", "tensorflow[And_CUDA]", "tf.x [b,a]", "tensorflow []"],
+)
+def test_the_distribution_and_extras_are_the_ones_packaging_reads(package):
+    """The standard-library reading agrees with packaging's Requirement (names and extras normalised)."""
+    requirement = Requirement(package)
+    name, extras = gpu_lock.split_package(package)
+    assert name == canonicalize_name(requirement.name) == gpu_lock.distribution_name(package)
+    assert extras == tuple(sorted(canonicalize_name(extra) for extra in requirement.extras))
+
+
+def test_the_requirement_of_a_package_keeps_its_extras():
+    assert gpu_lock.package_requirement("tensorflow[and_cuda]", "2.18.1") == "tensorflow[and-cuda]==2.18.1"
+    assert gpu_lock.package_requirement("TensorFlow_CPU", "2.12.1") == "tensorflow-cpu==2.12.1"
 
 
 # --- parsing ------------------------------------------------------------------------------------
@@ -142,6 +176,16 @@ def test_a_stack_without_a_lock_stops_with_cause_and_fix():
     assert "set tf_venv_require_lock: false" in plan["problem"]
 
 
+def test_the_fix_quotes_a_package_with_extras_for_the_shell():
+    """Unquoted, a shell takes tensorflow[and-cuda] for a file name pattern."""
+    wheels = stack(package="tensorflow[and-cuda]", version="2.18.1")
+    plan = lock_filters.tf_lock_plan(None, wheels, PATH, "tensorflow", ["ipykernel==6.29.5"], True)
+    assert (
+        "`tools/locks.py --package 'tensorflow[and-cuda]' --tensorflow 2.18.1 --python 3.11 --extra ipykernel==6.29.5"
+        " --out-dir <tf_venv_lock_dir>`" in plan["problem"]
+    )
+
+
 def test_without_require_lock_a_stack_without_a_lock_installs_unlocked():
     assert lock_filters.tf_lock_plan(None, stack(), PATH, "tensorflow", [], False) == {"locked": False, "problem": ""}
 
@@ -173,17 +217,59 @@ def test_every_target_has_its_lock_and_every_lock_is_a_target():
 @pytest.mark.parametrize("path", sorted(LOCKS.glob("*.txt")), ids=lambda p: p.name)
 def test_each_lock_says_how_it_was_made_and_pins_every_distribution_with_hashes(path: Path):
     text = path.read_text()
-    package, version, python = re.fullmatch(r"(.+)-([0-9.]+)-py([0-9.]+)\.txt", path.name).groups()
+    [(package, version, python)] = [t for t in targets() if gpu_lock.lock_file_name(*t) == path.name]
     head = text.split("\n", 6)
     assert head[0] == f"# Dependency lock of {package}=={version} for CPython {python} on Linux x86_64:"
     assert "Made by `make locks` (tools/locks.py) with uv " in head[2]
     assert "uv pip compile --generate-hashes" in head[3] and f"--python-version {python}" in head[3]
     assert "--python-platform x86_64-manylinux_2_17" in head[3] and "--exclude-newer " in head[3]
     pins = gpu_lock.parse_lock(text)
-    assert pins[package] == version and len(pins) > 20
+    # The distribution is pinned by its own name: pip freeze lists tensorflow, not tensorflow[and-cuda].
+    assert pins[gpu_lock.distribution_name(package)] == version and len(pins) > 20
     requirements = [line for line in text.replace("\\\n", " ").splitlines() if re.match(r"^[a-z0-9]", line)]
     assert len(requirements) == len(pins)
     assert all("==" in line and "--hash=sha256:" in line and ";" not in line for line in requirements)
+
+
+# The nvidia-*-cu12 wheels TensorFlow 2.18's and-cuda extra pins (its setup.py, REQUIRED_PACKAGES' and-cuda
+# list: CUDA 12.5, cuDNN 9.3), the series of each.
+AND_CUDA_2_18 = {
+    "nvidia-cublas-cu12": "12.5.",
+    "nvidia-cuda-cupti-cu12": "12.5.",
+    "nvidia-cuda-nvcc-cu12": "12.5.",
+    "nvidia-cuda-nvrtc-cu12": "12.5.",
+    "nvidia-cuda-runtime-cu12": "12.5.",
+    "nvidia-cudnn-cu12": "9.3.",
+    "nvidia-cufft-cu12": "11.2.",
+    "nvidia-curand-cu12": "10.3.",
+    "nvidia-cusolver-cu12": "11.6.",
+    "nvidia-cusparse-cu12": "12.5.",
+    "nvidia-nccl-cu12": "2.21.",
+    "nvidia-nvjitlink-cu12": "12.5.",
+}
+
+
+def test_the_wheels_stacks_lock_holds_nvidias_wheels_with_their_hashes_and_no_tensorrt():
+    text = (LOCKS / "tensorflow-and-cuda-2.18.1-py3.11.txt").read_text()
+    pins = gpu_lock.lock_hashes(text)
+    nvidia = {name: version for name, (version, _) in pins.items() if name.startswith("nvidia-")}
+    assert sorted(nvidia) == sorted(AND_CUDA_2_18)
+    assert all(nvidia[name].startswith(series) for name, series in AND_CUDA_2_18.items()), nvidia
+    assert all(pins[name][1] for name in nvidia), "an NVIDIA wheel without its hashes"
+    assert not any(name.startswith("tensorrt") for name in pins)
+    # The same release's CPU build pins no NVIDIA wheel: the extra brings them.
+    cpu = gpu_lock.parse_lock((LOCKS / "tensorflow-cpu-2.18.1-py3.11.txt").read_text())
+    assert not any(name.startswith("nvidia-") for name in cpu)
+
+
+def test_a_venv_installed_from_the_wheels_stacks_lock_has_no_drift():
+    """pip freeze names the distribution tensorflow (no extras): the lock's pins compare with it as they are."""
+    text = (LOCKS / "tensorflow-and-cuda-2.18.1-py3.11.txt").read_text()
+    installed = {name.replace("-", "_"): version for name, version in gpu_lock.parse_lock(text).items()}
+    assert gpu_lock.lock_drift(text, installed)["ok"] is True
+    assert gpu_lock.unlocked_requirements(text, ["tensorflow[and-cuda]==2.18.1", "nvidia-cudnn-cu12==9.3.0.75"]) == []
+    del installed["nvidia_cudnn_cu12"]
+    assert gpu_lock.lock_drift(text, installed)["lines"] == ["nvidia-cudnn-cu12 9.3.0.75 missing"]
 
 
 def test_the_shipped_inventories_stacks_have_their_locks():

@@ -317,6 +317,20 @@ def test_lock_problems_a_missing_lock_unless_not_required(tmp_path):
     assert gpu_venv.gpu_venv_lock_problems([LOCK_STACK], dict(inputs, require_lock="false")) == []
 
 
+def test_lock_problems_a_stack_with_extras_takes_the_lock_named_after_them(tmp_path):
+    """tensorflow[and-cuda] (CUDA from NVIDIA's wheels) has its own lock, not the one of tensorflow alone."""
+    stack = dict(LOCK_STACK, tensorflow={"version": "2.18.1", "package": "tensorflow[and-cuda]"})
+    inputs = _locks(tmp_path)
+    (tmp_path / "tensorflow-2.18.1-py3.11.txt").write_text(f"six==1.17.0 \\\n    --hash=sha256:{SIX}\n")
+    [text] = gpu_venv.gpu_venv_lock_problems([stack], inputs)
+    assert text.startswith(
+        f"Stack tf2.12 has no dependency lock: {tmp_path}/tensorflow-and-cuda-2.18.1-py3.11.txt does not exist."
+    )
+    assert "--package 'tensorflow[and-cuda]' --tensorflow 2.18.1 --python 3.11" in text
+    (tmp_path / "tensorflow-and-cuda-2.18.1-py3.11.txt").write_text(f"six==1.17.0 \\\n    --hash=sha256:{SIX}\n")
+    assert gpu_venv.gpu_venv_lock_problems([stack], inputs) == []
+
+
 WHEELHOUSE_FIX = (
     "Download the lock's wheels into it from a machine that reaches your index: `python3 -m pip download --dest "
     "/srv/wheels --require-hashes --no-deps -r {lock} --only-binary=:all: --implementation cp --python-version 3.11 "
