@@ -31,12 +31,24 @@ VERIFY_OPTIONS = (
 )
 
 
+def _cuda_place(cuda: dict) -> list[str]:
+    """Where gpu_verify.py finds the stack's CUDA: the runfile tree's ``--cuda-root``, or for a stack of NVIDIA's
+    wheels (``source: wheels``, ``root: null``) ``--cuda-source wheels`` and one ``--library-dir`` per folder
+    of the venv's wheels (``library_dirs``), where libcudart, libcublas and libcudnn must be mapped from."""
+    if cuda.get("source") != "wheels":
+        return ["--cuda-root", cuda["root"]]
+    folders = cuda["library_dirs"]
+    if not folders:
+        raise KeyError("library_dirs")
+    return ["--cuda-source", "wheels", *(arg for folder in folders for arg in ("--library-dir", folder))]
+
+
 def _expected_versions(stack: dict) -> list[str]:
     """The versions gpu_verify.py checks against: the stack's CUDA, cuDNN and TensorFlow."""
     try:
         cuda, cudnn, tensorflow = stack["cuda_toolkit"], stack["cudnn"], stack["tensorflow"]
         return [
-            "--expect-cuda", cuda["series"], "--cuda-root", cuda["root"],
+            "--expect-cuda", cuda["series"], *_cuda_place(cuda),
             "--expect-cudnn", cudnn["short"], "--expect-tensorflow", tensorflow["version"],
         ]  # fmt: skip
     except (KeyError, TypeError) as error:
