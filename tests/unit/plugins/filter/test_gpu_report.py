@@ -495,3 +495,18 @@ def test_verify_argv_on_a_mig_host_expects_the_devices_cuda_enumerates(layout, d
     assert argv[argv.index("--expected-gpus") + 1] == "4"  # nvidia-smi still counts the physical GPUs
     found = argv[argv.index("--expected-cuda-devices") + 1] if "--expected-cuda-devices" in argv else None
     assert found == devices
+
+
+def test_a_run_without_a_document_still_says_where_its_stacks_cuda_comes_from():
+    run = {"skipped": True, "item": WHEELS_STACK}
+    doc = gpu_report.gpu_verify_result(run, "/opt/gpu-verify")
+    assert doc["cuda"] == {
+        "source": "wheels",
+        "root": None,
+        "library_dirs": WHEELS_STACK["cuda_toolkit"]["library_dirs"],
+    }
+    runfile = gpu_report.gpu_verify_result({"stdout": "", "rc": 1, "item": VERIFY_STACK})
+    assert runfile["cuda"] == {"source": "runfile", "root": "/usr/local/cuda-12.2", "library_dirs": []}
+    notes = fleet_report.build_report({"gpu1": [doc, runfile]}, None)["hosts"]["gpu1"]["mode_notes"]
+    assert f"gpu1 (tf218): CUDA from the venv's NVIDIA wheels (tensorflow[and-cuda]) under {SITE}/nvidia" in notes
+    assert "gpu1: CUDA from the runfile tree /usr/local/cuda-12.2" in notes  # that document names no stack
