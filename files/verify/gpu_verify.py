@@ -15,7 +15,10 @@ Steps, in order:
    that aborts, as cuDNN does when it cannot load a sub-library, is reported, not fatal): libcuda,
    libcudart, libcudnn as really loaded, against the pins; driver CUDA version >= runtime.  Without
    a usable GPU the runtime's version comes from its file name and the record's ``note`` says why
-   (``libraries.py``).  ``lock``: the venv's distributions against its dependency lock, ``--lock``
+   (``libraries.py``).  A stack of NVIDIA's wheels (``--cuda-source wheels``, one ``--library-dir`` per
+   wheel folder) has them from its venv: a libcudart, libcublas(Lt) or libcudnn mapped from elsewhere, by
+   the probe or by TensorFlow in the fit, fails naming both files (``wheels.py``); it has no tree for
+   ``default`` to check.  ``lock``: the venv's distributions against its dependency lock, ``--lock``
    (``venv_lock.py``).
 3. ``fit.py`` as a subprocess of the same interpreter (``sys.executable``) in its own process
    group, killed as a group after ``--timeout`` seconds (a hung NCCL all-reduce never returns).
@@ -38,7 +41,8 @@ Output document (schema 1)::
      "driver_version", "gpus": {gpu_count result}, "fabricmanager": {"required", "running",
      "version"}, "libraries": {"libcuda": {...},
      "libcudart": {...}, "libcudnn": {...}}, "tensorflow": {"version", "is_cuda_build",
-     "build_info", "gpus", "error"}, "fit": {fit result, "timed_out", "returncode"},
+     "build_info", "gpus", "error"}, "cuda": {"source": "runfile"|"wheels", "root": path | null,
+     "library_dirs": [...]}, "fit": {fit result, "timed_out", "returncode"},
      "lock": {"path", "sha256", "pins", "ok", "drift", "note"} (venv_lock.py),
      "default": null | {"symlink", "points_at", "cuda_home", "nvcc", "ok"} (pointers.py),
      "kernel": null | {"name", "spec", "started", "prefix", "ld_library_path", "loaded", "ok"} (kernel.py),
@@ -62,7 +66,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import fabricmanager
@@ -167,11 +171,13 @@ def tf_loaded_library_problems(
     libs: dict[str, dict[str, Any]],
     expect_cuda: str | None,
     expect_cudnn: str | None,
+    strays: Collection[str] = (),
 ) -> list[Problem]:
     """Check the libcudart/libcudnn files TensorFlow itself mapped against the pins: its
     DT_RUNPATH (e.g. the venv's nvidia-* wheels) and LD_LIBRARY_PATH come before the system
     loader's cache in the search order, so it may load other copies than ``ldconfig -p`` lists
-    (ld.so(8) manual page, DESCRIPTION, https://man7.org/linux/man-pages/man8/ld.so.8.html)."""
+    (ld.so(8) manual page, DESCRIPTION, https://man7.org/linux/man-pages/man8/ld.so.8.html).
+    ``strays``: files a wheels stack's check failed already for where they come from (not compared)."""
     problems: list[Problem] = []
     if not loaded:
         return problems
@@ -185,7 +191,7 @@ def tf_loaded_library_problems(
         want = str(expected).split(".")[:want_parts]
         for entry in loaded.get(key) or []:
             version = entry.get("version")
-            if not version or version.split(".")[:want_parts] == want:
+            if not version or version.split(".")[:want_parts] == want or entry.get("path") in strays:
                 continue
             system = libs.get(key) or {}
             problems.append(
@@ -612,10 +618,14 @@ def fit_problems(
             problems += libraries.tensorflow_problems(tf_info, libs, args.expect_tensorflow)
         if args.cpu_replicas == 0:
             problems += tensorflow_gpu_problems(tf_info, args.expected_gpus, gpus["seen"], cuda_devices(args))
-    problems += tf_loaded_library_problems(fit.get("loaded_libraries"), libs, args.expect_cuda, args.expect_cudnn)
-    problems += libraries.mixed_cuda_major_problems(
-        [entry["path"] for entries in (fit.get("loaded_libraries") or {}).values() for entry in entries]
+    mapped = [entry["path"] for entries in (fit.get("loaded_libraries") or {}).values() for entry in entries]
+    dirs = libraries.wheel_dirs(args)
+    strays = libraries.stray_wheel_problems(mapped, dirs, args.stack, "TensorFlow") if dirs is not None else []
+    problems += [found for _path, found in strays]
+    problems += tf_loaded_library_problems(
+        fit.get("loaded_libraries"), libs, args.expect_cuda, args.expect_cudnn, {path for path, _found in strays}
     )
+    problems += libraries.mixed_cuda_major_problems(mapped)
     if any(str(p.get("cause", "")).startswith(OOM_CAUSE) for p in found):
         found = explain_oom(found, gpu_count.busy_gpus(args.nvidia_smi, gpus.get("devices") or []))
     return problems + found
@@ -635,15 +645,31 @@ def judge_scaling(scaling: dict[str, Any] | None, cpu_replicas: int) -> list[Pro
     return found
 
 
+def cuda_root(args: argparse.Namespace) -> str | None:
+    """The stack's CUDA tree: ``--cuda-root``, else ``/usr/local/cuda-<--expect-cuda>``; None for a stack of
+    NVIDIA's wheels, which has none."""
+    if args.cuda_source == "wheels":
+        return None
+    return args.cuda_root or libraries.default_cuda_root(args.expect_cuda)
+
+
+def cuda_section(args: argparse.Namespace) -> dict[str, Any]:
+    """The document's ``cuda``: where the stack's CUDA comes from (``source``: ``runfile`` or ``wheels``), its
+    tree (``root``, None for wheels) and the wheels' library folders (``library_dirs``, [] for a runfile)."""
+    return {"source": args.cuda_source, "root": cuda_root(args), "library_dirs": list(args.library_dir)}
+
+
 def stack_sections(args: argparse.Namespace) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
-    """The ``default`` section (the default stack's pointers, ``--default-symlink``) and the
-    ``kernel`` section (the stack's Jupyter kernel, ``--kernel-dir``), None where not asked for or
-    not expected; each with its ``problems``."""
-    root = args.cuda_root or libraries.default_cuda_root(args.expect_cuda)
+    """The ``default`` section (the default stack's pointers, ``--default-symlink``; a stack of NVIDIA's
+    wheels has no tree to point at) and the ``kernel`` section (the stack's Jupyter kernel, ``--kernel-dir``),
+    None where not asked for or not expected; each with its ``problems``."""
+    root = cuda_root(args)
     default = pointers.check(root, args.default_symlink) if args.default_symlink and root else None
     jupyter = None
-    if args.kernel_dir and root and args.expect_cuda and args.expect_cudnn:
-        jupyter = kernel.check(args.stack or "", args.kernel_dir, root, args.expect_cuda, args.expect_cudnn)
+    if args.kernel_dir and (root or args.library_dir) and args.expect_cuda and args.expect_cudnn:
+        jupyter = kernel.check(
+            args.stack or "", args.kernel_dir, root, args.expect_cuda, args.expect_cudnn, libraries.wheel_dirs(args)
+        )
     return default, jupyter
 
 
@@ -670,7 +696,9 @@ def verify(args: argparse.Namespace) -> dict[str, Any]:
     fabric = fabricmanager.check(args.expect_fabricmanager, gpus["driver_version"])
     problems += fabric["problems"]
 
-    libs_doc = libraries.check_libraries(args.expect_cuda, args.expect_cudnn, args.cuda_root)
+    libs_doc = libraries.check_libraries(
+        args.expect_cuda, args.expect_cudnn, args.cuda_root, library_dirs=libraries.wheel_dirs(args), stack=args.stack
+    )
     libs = libs_doc["libraries"]
     problems += libs_doc["problems"]
     lock = venv_lock.check(args.lock)
@@ -702,6 +730,7 @@ def verify(args: argparse.Namespace) -> dict[str, Any]:
         "driver_version": gpus["driver_version"],
         "gpus": gpus,
         "fabricmanager": {key: value for key, value in fabric.items() if key != "problems"},
+        "cuda": cuda_section(args),
         "libraries": libs,
         "lock": lock,
         "default": default,
@@ -777,8 +806,8 @@ def format_table(doc: dict[str, Any]) -> str:
 
 
 def add_expectation_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add what the inventory expects of this host: ``--expected-gpus``, the version pins and
-    ``--cuda-root``."""
+    """Add what the inventory expects of this host: ``--expected-gpus``, the version pins and where the
+    stack's CUDA comes from (``--cuda-source``, ``--cuda-root``, ``--library-dir``)."""
     parser.add_argument(
         "--expected-gpus",
         type=non_negative_int,
@@ -802,12 +831,7 @@ def add_expectation_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="the host has NVSwitches: NVIDIA's fabric manager must run at the driver's version",
     )
-    parser.add_argument(
-        "--cuda-root",
-        metavar="DIR",
-        help="the stack's CUDA toolkit folder (default /usr/local/cuda-<--expect-cuda>); its lib64 is "
-        "where libcudart/libcudnn are expected",
-    )
+    libraries.add_source_arguments(parser)
 
 
 def build_parser() -> argparse.ArgumentParser:

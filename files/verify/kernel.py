@@ -33,11 +33,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from libraries import cudart_soname, cudnn_soname, paths_from_maps, soname_stem
+from libraries import CUDA_SOURCES, cudart_soname, cudnn_soname, paths_from_maps, soname_stem
 from verify_common import print_section, problem, tail
+from wheels import is_own
 
 KERNEL_PREFIX = "tf-stack-"  # tf_venv's kernel folder name: tf-stack-<stack>
 # A folder of the user's own on LD_LIBRARY_PATH: the kernel must keep it after the stack's.
@@ -142,10 +143,35 @@ def _stderr_tail(stderr: Any) -> str:
     return f"; the kernel said: {tail(lines[-1], 300)}" if lines else ""
 
 
-def judge(doc: dict[str, Any], cuda_root: str, prefix: str, sonames: dict[str, str]) -> dict[str, Any]:
+def _stack_places(
+    cuda_root: str | None, library_dirs: Sequence[str] | None
+) -> tuple[str, Callable[[str], bool], Callable[[str], bool]]:
+    """The stack's library place as the causes name it, whether a folder of LD_LIBRARY_PATH is the stack's,
+    and whether a mapped file is: under ``cuda_root`` (a runfile tree), or in one of the ``library_dirs`` of
+    NVIDIA's wheels (the stack's environment file lists them, first, on LD_LIBRARY_PATH)."""
+    if library_dirs:
+        own = {os.path.realpath(folder) for folder in library_dirs}
+        place = f"NVIDIA wheels in {os.path.commonpath(list(library_dirs))}"
+        return place, lambda folder: os.path.realpath(folder) in own, lambda path: is_own(path, library_dirs)
+    root = os.path.realpath(str(cuda_root)) + os.sep
+    return (
+        str(cuda_root),
+        lambda folder: os.path.realpath(folder).startswith(root),
+        lambda path: os.path.realpath(path).startswith(root),
+    )
+
+
+def judge(
+    doc: dict[str, Any],
+    cuda_root: str | None,
+    prefix: str,
+    sonames: dict[str, str],
+    library_dirs: Sequence[str] | None = None,
+) -> dict[str, Any]:
     """The kernel's cell output ``doc`` against the stack: its venv, its libraries from
-    ``cuda_root``, the stack's library folder first and the user's folder kept on LD_LIBRARY_PATH."""
-    root = os.path.realpath(cuda_root) + os.sep
+    ``cuda_root`` (or a wheels stack's ``library_dirs``), the stack's library folder first and the user's
+    folder kept on LD_LIBRARY_PATH."""
+    place, first_is_own, file_is_own = _stack_places(cuda_root, library_dirs)
     folders = [part for part in doc.get("ld_library_path", "").split(":") if part]
     loaded = {
         key: (paths_from_maps(doc.get("maps", ""), soname_stem(soname)) or [None])[0] for key, soname in sonames.items()
@@ -153,17 +179,15 @@ def judge(doc: dict[str, Any], cuda_root: str, prefix: str, sonames: dict[str, s
     causes = []
     if os.path.realpath(doc.get("prefix", "")) != os.path.realpath(prefix):
         causes.append(f"the kernel runs in {doc.get('prefix')}, not in the stack's venv {prefix}")
-    if not folders or not os.path.realpath(folders[0]).startswith(root):
-        causes.append(
-            f"the kernel's LD_LIBRARY_PATH starts with {folders[:1] or 'nothing'}, not the stack's {cuda_root}"
-        )
+    if not folders or not first_is_own(folders[0]):
+        causes.append(f"the kernel's LD_LIBRARY_PATH starts with {folders[:1] or 'nothing'}, not the stack's {place}")
     if USER_LIBRARY_DIR not in folders:
         causes.append(f"the kernel's LD_LIBRARY_PATH lost the user's {USER_LIBRARY_DIR} ({':'.join(folders)})")
     for key, path in loaded.items():
         if path is None:
             causes.append(f"the kernel could not load {sonames[key]}: {doc.get('errors', {}).get(key, 'not mapped')}")
-        elif not os.path.realpath(path).startswith(root):
-            causes.append(f"the kernel loaded {path}, not the stack's {sonames[key]} under {cuda_root}")
+        elif not file_is_own(path):
+            causes.append(f"the kernel loaded {path}, not the stack's {sonames[key]} under {place}")
     return {"ld_library_path": folders, "loaded": loaded, "causes": causes}
 
 
@@ -177,8 +201,16 @@ def stale_spec(name: str, spec: str) -> dict[str, Any] | None:
     return dict(section, ok=False, problems=[problem("kernel", cause, STALE_FIX)])
 
 
-def check(stack: str, kernel_dir: str, cuda_root: str, cuda: str, cudnn: str) -> dict[str, Any] | None:
-    """Start stack ``stack``'s kernel and judge its cell; None where this venv holds no ipykernel."""
+def check(
+    stack: str,
+    kernel_dir: str,
+    cuda_root: str | None,
+    cuda: str,
+    cudnn: str,
+    library_dirs: Sequence[str] | None = None,
+) -> dict[str, Any] | None:
+    """Start stack ``stack``'s kernel and judge its cell (against ``cuda_root``, or a wheels stack's
+    ``library_dirs``); None where this venv holds no ipykernel."""
     name = KERNEL_PREFIX + stack
     spec = os.path.join(kernel_dir, name, "kernel.json")
     if not ipykernel_installed():
@@ -204,7 +236,7 @@ def check(stack: str, kernel_dir: str, cuda_root: str, cuda: str, cudnn: str) ->
                 problem("kernel", f"Kernel {name} ({spec}) did not run a cell: {error}", RERUN_FIX.format(stack=stack))
             ]
         else:
-            judged = judge(doc, cuda_root, sys.prefix, sonames)
+            judged = judge(doc, cuda_root, sys.prefix, sonames, library_dirs)
             section.update(
                 started=True, prefix=doc.get("prefix"), **{k: judged[k] for k in ("ld_library_path", "loaded")}
             )
@@ -221,12 +253,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         epilog="Exit codes: 0 it ran (or no kernel is expected: no ipykernel in this venv), 1 it did not, 2 usage error.",
     )
     parser.add_argument("--stack", required=True, help="the stack's name (its kernel is tf-stack-<stack>)")
-    parser.add_argument("--cuda-root", required=True, help="the stack's toolkit, e.g. /usr/local/cuda-11.8")
+    parser.add_argument(
+        "--cuda-source", choices=CUDA_SOURCES, default="runfile", help="where the stack's CUDA comes from"
+    )
+    parser.add_argument("--cuda-root", help="the stack's toolkit, e.g. /usr/local/cuda-11.8 (--cuda-source runfile)")
+    parser.add_argument(
+        "--library-dir",
+        action="append",
+        default=[],
+        help="--cuda-source wheels: a folder of the venv's NVIDIA wheels (<site-packages>/nvidia/<wheel>/lib), once each",
+    )
     parser.add_argument("--cuda", required=True, help="the stack's CUDA X.Y (the libcudart soname)")
     parser.add_argument("--cudnn", required=True, help="the stack's cuDNN X.Y (the libcudnn soname)")
     parser.add_argument("--kernel-dir", default="/usr/local/share/jupyter/kernels", help="the kernel specs' folder")
     args = parser.parse_args(argv)
-    section = check(args.stack, args.kernel_dir, args.cuda_root, args.cuda, args.cudnn)
+    wheels = args.cuda_source == "wheels"
+    if not (args.library_dir if wheels else args.cuda_root) or (wheels and args.cuda_root):
+        parser.error("give --cuda-root for --cuda-source runfile, each --library-dir (and no --cuda-root) for wheels")
+    section = check(
+        args.stack, args.kernel_dir, args.cuda_root, args.cuda, args.cudnn, args.library_dir if wheels else None
+    )
     return print_section(section)
 
 

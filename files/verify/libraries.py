@@ -35,6 +35,11 @@ wheels can also use their own RUNPATH to pip-installed NVIDIA libraries (``$ORIG
 set by ``cuda_rpath_flags`` in openxla/xla ``xla/tsl/platform/default/cuda_build_defs.bzl``),
 so ``fit.py`` additionally reports what TensorFlow itself mapped (:func:`mapped_library_versions`).
 
+A stack whose CUDA comes from NVIDIA's wheels (``--cuda-source wheels``, ``tensorflow[and-cuda]``) has no
+toolkit folder: libcudart and libcudnn are loaded as TensorFlow's RUNPATH finds them (``LD_LIBRARY_PATH``
+first, then the wheels' ``--library-dir`` folders) and every libcudart, libcublas(Lt) and libcudnn mapped
+must be one of those folders' files (:func:`check_wheel_libraries`, ``wheels.py``).
+
 ``tensorflow_build_info()`` imports TensorFlow lazily and compares its build with the loaded
 libraries using TensorFlow's cuDNN rule (``cuda_dnn.cc``, quoted in tensorflow/tensorflow issue #62626,
 https://github.com/tensorflow/tensorflow/issues/62626): "CuDNN
@@ -58,6 +63,7 @@ import tempfile
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import wheels
 from verify_common import (
     EXIT_CHECK_FAILED,
     EXIT_OK,
@@ -120,6 +126,11 @@ PROBE_TIMEOUT_SECONDS = 120.0
 PROBE_KILL_WAIT_SECONDS = 5.0
 # The fields of a probe record that mapped_library_versions reports per file.
 MAPPED_FIELDS = ("raw", "version", "error", "release", "version_source", "call_error", "note")
+# version_source of a libcudart version read from the wheel that installed the file (its dist-info).
+WHEEL_SOURCE = "wheel metadata"
+# Where a stack's CUDA comes from (the stack record's cuda_toolkit.source): NVIDIA's runfile tree, or NVIDIA's
+# wheels in the venv (tensorflow[and-cuda], wheels.py).
+CUDA_SOURCES = ("runfile", "wheels")
 
 LD_SO_CONF_D = "/etc/ld.so.conf.d"
 # Folders the loader searches after the ld.so.conf ones (glibc's trusted directories on x86_64;
@@ -413,8 +424,9 @@ def mixed_cuda_major_problems(paths: Sequence[str]) -> list[Problem]:
 # --- comparisons (pure) ----------------------------------------------------------------
 
 
-def compare_cudart(record: dict[str, Any], expected_cuda: str | None) -> list[Problem]:
-    """libcudart major.minor must equal the pinned CUDA ``"X.Y"``."""
+def compare_cudart(record: dict[str, Any], expected_cuda: str | None, fix: str | None = None) -> list[Problem]:
+    """libcudart major.minor must equal the pinned CUDA ``"X.Y"``; ``fix``: the fix of a wheels stack
+    (:data:`WHEEL_VERSION_FIX`), the runfile tree's otherwise."""
     if not expected_cuda or not record.get("ok"):
         return []
     want = parse_version(expected_cuda, 2, "CUDA version")
@@ -426,7 +438,8 @@ def compare_cudart(record: dict[str, Any], expected_cuda: str | None) -> list[Pr
             "libcudart",
             f"CUDA runtime {record['soname']} at {record['path']} is {record['version']}, the stack "
             f"pins {expected_cuda}.",
-            "another toolkit comes first on the loader path: make the stack's "
+            fix
+            or "another toolkit comes first on the loader path: make the stack's "
             "/usr/local/cuda-X.Y/lib64 win in LD_LIBRARY_PATH and /etc/ld.so.conf.d (gpu_env "
             "role), run `ldconfig`, or fix the pin",
         )
@@ -493,11 +506,12 @@ def compare_cudnn(
     expected_cudnn: str | None,
     pinned: tuple[str, str | None] | None = None,
     search_order: Sequence[tuple[str, str]] = (),
+    fix: str | None = None,
 ) -> list[Problem]:
     """libcudnn major.minor.patch must equal the pinned cuDNN (extra parts like .163 ignored).
 
     ``pinned``: the stack's own copy (:func:`pinned_copy`); when the loaded file is another one,
-    the problem names both (:func:`stale_ahead_problem`)."""
+    the problem names both (:func:`stale_ahead_problem`). ``fix``: the fix of a wheels stack."""
     if not expected_cudnn or not record.get("ok"):
         return []
     parts = min(3, len(str(expected_cudnn).split(".")))
@@ -519,25 +533,31 @@ def compare_cudnn(
             "libcudnn",
             f"cuDNN {record['soname']} at {record['path']} is {record['version']}, the stack pins "
             f"{expected_cudnn} (loaded vs built).{tf_rule}",
-            "another cuDNN comes first on the loader path (an older copy in /usr/lib or "
+            fix
+            or "another cuDNN comes first on the loader path (an older copy in /usr/lib or "
             "LD_LIBRARY_PATH wins): remove it or reorder the paths (gpu_env role), run "
             "`ldconfig`, or fix the pin",
         )
     ]
 
 
-def compare_driver_runtime(libcuda: dict[str, Any], libcudart: dict[str, Any]) -> list[Problem]:
+def compare_driver_runtime(
+    libcuda: dict[str, Any], libcudart: dict[str, Any], minor_compatible: bool = False
+) -> list[Problem]:
     """The driver's CUDA version (cuDriverGetVersion) must be >= the runtime's.
 
     NVIDIA's minor-version compatibility ("CUDA Minor Version Compatibility",
     https://docs.nvidia.com/deploy/cuda-compatibility/minor-version-compatibility.html) lets an older driver of the same
     major run a newer runtime with a "limited feature-set" (PTX from a newer toolkit fails), so
-    this project treats any driver older than the runtime as a failure.
+    this project treats any driver older than the runtime as a failure; except for a stack of NVIDIA's
+    wheels (``minor_compatible``), which TensorFlow's own guide installs on any driver of the CUDA major and
+    whose driver floor preflight checks (the matrix's ``cuda_major_compat``): there the major must be served.
     """
     if not (libcuda.get("ok") and libcudart.get("ok")):
         return []
     # The runtime's version may come from its file name (no raw value): compare major.minor.
-    if parse_version(libcuda["version"], 2) >= parse_version(libcudart["version"], 2):
+    parts = 1 if minor_compatible else 2
+    if parse_version(libcuda["version"], 2)[:parts] >= parse_version(libcudart["version"], 2)[:parts]:
         return []
     return [
         problem(
@@ -673,17 +693,22 @@ def runtime_call_note(record: dict[str, Any], cuda_visible_devices: str | None =
     if status == CUDA_ERROR_NO_DEVICE and cuda_visible_devices is not None:
         note += f"; CUDA_VISIBLE_DEVICES={cuda_visible_devices!r} is set and may hide every GPU"
     name = os.path.basename(record.get("path") or record["soname"])
+    if record.get("version") and record.get("version_source") == WHEEL_SOURCE:
+        return note + f"; version {record['version']} read from the wheel {record['wheel']} that installed {name}"
     if record.get("version"):
         return note + f"; version {record['version']} read from the file name {name}"
     return note + f"; its version is unknown: the file name {name} carries none"
 
 
 def settle_record(key: str, record: dict[str, Any], cuda_visible_devices: str | None = None) -> dict[str, Any]:
-    """A probe record made final: ``release`` from the file name; a libcudart whose version call
-    failed takes ``version`` from the file name (the call needs a working driver and a device, the
-    name needs nothing) and a ``note``; other failed calls are errors."""
+    """A probe record made final: ``release`` from the file name, or for a file of NVIDIA's wheels (named by
+    its soname) ``wheel``, the wheel that installed it (wheels.wheel_fields); a libcudart whose version call
+    failed takes ``version`` from the file name or that wheel's version (the call needs a working driver and
+    a device, the name needs nothing) and a ``note``; other failed calls are errors."""
     record = dict(record)
     record["release"] = release_from_name(record.get("path"))
+    if not record["release"] and record.get("loaded"):
+        record.update(wheels.wheel_fields(record.get("path")))  # a wheel's file: named by its soname only
     status = record.get("call_status")
     if not record.get("loaded") or record.get("ok") or not status:
         return record
@@ -693,6 +718,9 @@ def settle_record(key: str, record: dict[str, Any], cuda_visible_devices: str | 
     release = record["release"]
     if release:
         record.update(version=".".join(release.split(".")[:2]), version_source="file name", ok=True)
+    elif record.get("wheel"):
+        wheel_version = record["wheel"].rpartition(" ")[2]
+        record.update(version=".".join(wheel_version.split(".")[:2]), version_source=WHEEL_SOURCE, ok=True)
     else:
         record["ok"] = None
     record["note"] = runtime_call_note(record, cuda_visible_devices)
@@ -1093,14 +1121,24 @@ def runtime_call_problems(
     ]
 
 
+def _named_version(path: str) -> dict[str, Any]:
+    """A library whose version has no call without a GPU (cuBLAS): the version its file's name carries, or
+    for a file of NVIDIA's wheels (named by its soname) that of the wheel that installed it."""
+    version = os.path.basename(path).partition(".so.")[2] or None
+    wheel = wheels.wheel_fields(path) if not release_from_name(path) else {}
+    if wheel:
+        version = wheel["wheel"].rpartition(" ")[2]
+    return {"path": path, "raw": None, "version": version, "error": None, **wheel}
+
+
 def mapped_library_versions(
     maps_text: str | None = None, timeout: float = PROBE_TIMEOUT_SECONDS
 ) -> dict[str, list[dict[str, Any]]]:
-    """Versions of every libcuda/libcudart/libcudnn/libcublas file already mapped into this process
+    """Versions of every libcuda/libcudart/libcudnn/libcublas(Lt) file already mapped into this process
     (``maps_text``: ``/proc/self/maps`` text, read when None).  Returns ``{key: [{"path", "raw",
-    "version", "error", ...}, ...]}`` with the keys libcublas, libcuda, libcudart, libcudnn; the
-    probed ones also carry ``release``, ``version_source``, ``call_error`` and ``note``
-    (:func:`new_record`).
+    "version", "error", ...}, ...]}`` with the keys libcublas, libcublasLt, libcuda, libcudart, libcudnn;
+    the probed ones also carry ``release``, ``version_source``, ``call_error`` and ``note``
+    (:func:`new_record`), and a file of NVIDIA's wheels ``wheel`` (:func:`wheels.wheel_fields`).
 
     Used after TensorFlow ran, to report the copies TensorFlow itself loaded (which may come from
     its RUNPATH rather than the system loader path).  The version calls run in the probe process
@@ -1110,11 +1148,9 @@ def mapped_library_versions(
     maps_text = read_maps() if maps_text is None else maps_text
     result: dict[str, list[dict[str, Any]]] = {}
     # cuBLAS's version query needs a handle (a GPU context): the real file name carries the version
-    # instead (libcublas.so.11.11.3.6, the toolkit's lib64 layout).
-    result["libcublas"] = [
-        {"path": path, "raw": None, "version": os.path.basename(path).partition(".so.")[2] or None, "error": None}
-        for path in paths_from_maps(maps_text, "libcublas.so")
-    ]
+    # instead (libcublas.so.11.11.3.6, the toolkit's lib64 layout), or a wheel's metadata.
+    for stem in ("libcublas", "libcublasLt"):
+        result[stem] = [_named_version(path) for path in paths_from_maps(maps_text, stem + ".so")]
     plan = [
         {"key": key, "candidates": [path]} for key in LIBRARY_KINDS for path in paths_from_maps(maps_text, key + ".so")
     ]
@@ -1126,6 +1162,8 @@ def mapped_library_versions(
         settled = settle_record(item["key"], record, visible)
         entry = {"path": item["candidates"][0]}
         entry.update((name, settled.get(name)) for name in MAPPED_FIELDS)
+        if settled.get("wheel"):
+            entry["wheel"] = settled["wheel"]
         result[item["key"]].append(entry)
     return result
 
@@ -1136,13 +1174,20 @@ def default_cuda_root(expect_cuda: str | None) -> str | None:
     return f"/usr/local/cuda-{expect_cuda}" if expect_cuda else None
 
 
-def library_plan(expect_cuda: str | None, expect_cudnn: str | None) -> list[dict[str, Any]]:
+def library_plan(
+    expect_cuda: str | None, expect_cudnn: str | None, wheel_dirs: Sequence[str] | None = None
+) -> list[dict[str, Any]]:
     """What the probe loads, in order: libcuda, libcudart, libcudnn, each by its pinned soname, or
-    the sonames newest first without a pin."""
+    the sonames newest first without a pin.  ``wheel_dirs``: a wheels stack's library folders; libcudart
+    and libcudnn are then loaded as TensorFlow's RUNPATH finds them (:func:`wheels.resolve`)."""
     cudart = (
         [cudart_soname(expect_cuda)] if expect_cuda else ["libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0"]
     )
     cudnn = [cudnn_soname(expect_cudnn)] if expect_cudnn else ["libcudnn.so.9", "libcudnn.so.8"]
+    if wheel_dirs is not None:
+        ld_library_path = os.environ.get("LD_LIBRARY_PATH")
+        cudart = [wheels.resolve(soname, ld_library_path, wheel_dirs) for soname in cudart]
+        cudnn = [wheels.resolve(soname, ld_library_path, wheel_dirs) for soname in cudnn]
     return [
         {"key": "libcuda", "candidates": ["libcuda.so.1"]},
         {"key": "libcudart", "candidates": cudart},
@@ -1150,18 +1195,32 @@ def library_plan(expect_cuda: str | None, expect_cudnn: str | None) -> list[dict
     ]
 
 
+def probe_libraries(
+    plan: Sequence[dict[str, Any]], probe_timeout: float, cuda_root: str | None = None
+) -> tuple[dict[str, dict[str, Any]], dict[str, list[Problem]], list[str]]:
+    """Run the probe process for ``plan``: each library's settled record (:func:`settle_record`, by key, in the
+    plan's order), the problems of a probe that died (by key) and the CUDA toolkit files mapped in it."""
+    records, crashed, mapped = probe_records(plan, run_probe(plan, probe_timeout), probe_timeout, cuda_root)
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    libs = {item["key"]: settle_record(item["key"], record, visible) for item, record in zip(plan, records)}
+    return libs, {plan[index]["key"]: found for index, found in crashed.items()}, mapped
+
+
 def check_libraries(
     expect_cuda: str | None = None,
     expect_cudnn: str | None = None,
     cuda_root: str | None = None,
     probe_timeout: float = PROBE_TIMEOUT_SECONDS,
+    library_dirs: Sequence[str] | None = None,
+    stack: str | None = None,
 ) -> dict[str, Any]:
     """Load the three libraries in the probe process (:func:`run_probe`) and run the comparisons.
 
     ``cuda_root``: the stack's toolkit folder (default :func:`default_cuda_root`); its ``lib64``
     is where libcudart and libcudnn are expected, and a CUDA runtime of another major that the
     loader finds before it is a problem (:func:`runtime_shadow_problems`).  ``probe_timeout``:
-    seconds before a probe that hangs is killed.
+    seconds before a probe that hangs is killed.  ``library_dirs``: a stack of NVIDIA's wheels
+    (``--cuda-source wheels``), checked by :func:`check_wheel_libraries` instead; ``stack`` its name.
 
     Returns ``{"libraries": {"libcuda": rec, "libcudart": rec, "libcudnn": rec}, "problems": [...],
     "ok": bool}`` (records: :func:`new_record`).
@@ -1169,19 +1228,16 @@ def check_libraries(
     Raises:
         ValueError: ``expect_cuda``/``expect_cudnn`` are not dotted versions.
     """
+    if library_dirs is not None:
+        return check_wheel_libraries(expect_cuda, expect_cudnn, library_dirs, probe_timeout, stack)
     cuda_root = cuda_root or default_cuda_root(expect_cuda)
     install_dirs = [os.path.join(cuda_root, "lib64")] if cuda_root else []
-    plan = library_plan(expect_cuda, expect_cudnn)
-    records, crashed, mapped = probe_records(plan, run_probe(plan, probe_timeout), probe_timeout, cuda_root)
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    libs, crashed, mapped = probe_libraries(library_plan(expect_cuda, expect_cudnn), probe_timeout, cuda_root)
     # Where a pinned library is expected (a library found only there is installed, but not on the path).
     pinned_dirs = {"libcudart": install_dirs if expect_cuda else [], "libcudnn": install_dirs if expect_cudnn else []}
-    libs: dict[str, dict[str, Any]] = {}
     problems: list[Problem] = []
-    for index, (item, record) in enumerate(zip(plan, records)):
-        key = item["key"]
-        libs[key] = settle_record(key, record, visible)
-        problems += crashed.get(index) or record_problems(key, libs[key], pinned_dirs.get(key, []))
+    for key, record in libs.items():
+        problems += crashed.get(key) or record_problems(key, record, pinned_dirs.get(key, []))
     search_order = loader_search_order(os.environ.get("LD_LIBRARY_PATH"), ld_so_conf_dirs())
     pinned = pinned_copy(cudnn_soname(expect_cudnn), install_dirs) if expect_cudnn else None
     driver = compare_driver_runtime(libs["libcuda"], libs["libcudart"])
@@ -1191,6 +1247,90 @@ def check_libraries(
     problems += driver
     problems += runtime_shadow_problems(expect_cuda, search_order)
     problems += mixed_cuda_major_problems(mapped)
+    return {"libraries": libs, "problems": problems, "ok": not problems}
+
+
+# The fixes of a wheels stack's library that is missing, or whose version is not the stack's.
+WHEEL_MISSING_FIX = (
+    "rerun playbooks/tensorflow.yml (or site.yml): tf_venv installs the venv again from its lock of "
+    "tensorflow[and-cuda], whose NVIDIA wheels hold this library; `{python} -m pip show {project}` lists the "
+    "wheel's files"
+)
+WHEEL_VERSION_FIX = (
+    "the venv's NVIDIA wheel is not the one its lock pins: rerun playbooks/tensorflow.yml (tf_venv installs "
+    "the lock again), or fix the stack's pin"
+)
+WHEEL_PROJECTS = {"libcudart": "nvidia-cuda-runtime-cu12", "libcudnn": "nvidia-cudnn-cu12"}
+
+
+def wheel_library_problems(
+    libs: dict[str, dict[str, Any]], library_dirs: Sequence[str], mapped: Sequence[str], stack: str | None
+) -> tuple[list[Problem], set[str]]:
+    """A wheels stack's libcudart and libcudnn that did not load, and each file of libcudart, libcublas(Lt)
+    and libcudnn mapped from outside its ``library_dirs`` (the probe's records and ``mapped``, what the probe
+    process mapped), naming both files (:func:`wheels.stray_problem`). Returns the problems and the checks
+    that a stray file failed (their versions are not compared: the stray file's are not the stack's)."""
+    problems: list[Problem] = []
+    for key in ("libcudart", "libcudnn"):
+        record = libs[key]
+        if record.get("ok") is not False:  # checked, or not probed after a library that killed the probe
+            continue
+        if record.get("loaded"):
+            problems += record_problems(key, record)
+        else:
+            own = wheels.own_file(record["soname"], library_dirs)
+            state = "is there, but did not load" if os.path.exists(own) else "is missing"
+            cause = f"Cannot load {record['soname']}: {record.get('error')} (the venv's own {own} {state})."
+            fix = WHEEL_MISSING_FIX.format(python=sys.executable, project=WHEEL_PROJECTS[key])
+            problems.append(problem(key, cause, fix))
+    paths = [libs[key]["path"] for key in ("libcudart", "libcudnn") if libs[key].get("path")] + list(mapped)
+    strays = stray_wheel_problems(paths, library_dirs, stack, "The probe")
+    return problems + [found for _path, found in strays], {found["check"] for _path, found in strays}
+
+
+def stray_wheel_problems(
+    paths: Sequence[str], library_dirs: Sequence[str], stack: str | None, who: str
+) -> list[tuple[str, Problem]]:
+    """``(file, problem)`` for each libcudart/libcublas(Lt)/libcudnn file among ``paths`` (files ``who``
+    mapped) that is not in the wheels' ``library_dirs``, with what put its folder on the loader path."""
+    search_order = loader_search_order(os.environ.get("LD_LIBRARY_PATH"), ld_so_conf_dirs())
+    return [
+        (
+            path,
+            wheels.stray_problem(path, _loader_source(os.path.dirname(path), search_order), library_dirs, stack, who),
+        )
+        for path in wheels.strays(paths, library_dirs)
+    ]
+
+
+def check_wheel_libraries(
+    expect_cuda: str | None,
+    expect_cudnn: str | None,
+    library_dirs: Sequence[str],
+    probe_timeout: float = PROBE_TIMEOUT_SECONDS,
+    stack: str | None = None,
+) -> dict[str, Any]:
+    """:func:`check_libraries` for a stack of NVIDIA's wheels: libcudart and libcudnn loaded as TensorFlow's
+    RUNPATH finds them (``LD_LIBRARY_PATH`` first, then ``library_dirs``: :func:`wheels.resolve`), their
+    versions from NVIDIA's calls (libcudart's from the wheel's metadata where the call needs a GPU), each
+    against the stack's series; a library mapped from outside ``library_dirs`` fails naming both files
+    (:func:`wheel_library_problems`); a driver of the CUDA major serves the runtime (minor-version
+    compatibility). No toolkit folder, no ``ldconfig`` checks: the wheels are in no system folder."""
+    plan = library_plan(expect_cuda, expect_cudnn, library_dirs)
+    libs, crashed, mapped = probe_libraries(plan, probe_timeout)
+    for record in libs.values():
+        record["soname"] = os.path.basename(record["soname"])
+    problems = list(crashed.get("libcuda") or record_problems("libcuda", libs["libcuda"]))
+    crashes = [found for key in ("libcudart", "libcudnn") for found in crashed.get(key, [])]
+    found, shadowed = wheel_library_problems(libs, library_dirs, mapped, stack)
+    problems += crashes + [item for item in found if item["check"] not in {c["check"] for c in crashes}]
+    driver = compare_driver_runtime(libs["libcuda"], libs["libcudart"], minor_compatible=True)
+    problems += runtime_call_problems(libs["libcuda"], libs["libcudart"], driver)
+    if "libcudart" not in shadowed:
+        problems += compare_cudart(libs["libcudart"], expect_cuda, WHEEL_VERSION_FIX)
+    if "libcudnn" not in shadowed:
+        problems += compare_cudnn(libs["libcudnn"], expect_cudnn, fix=WHEEL_VERSION_FIX)
+    problems += driver + mixed_cuda_major_problems(mapped)
     return {"libraries": libs, "problems": problems, "ok": not problems}
 
 
@@ -1278,20 +1418,51 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--expect-cudnn", metavar="X.Y.Z", help="pinned cuDNN version, e.g. 8.6.0")
     parser.add_argument("--expect-tensorflow", metavar="X.Y.Z", help="pinned TensorFlow version")
     parser.add_argument("--no-tensorflow", action="store_true", help="do not import TensorFlow")
-    parser.add_argument(
-        "--cuda-root",
-        metavar="DIR",
-        help="the stack's CUDA toolkit folder (default /usr/local/cuda-<--expect-cuda>); its lib64 is "
-        "where libcudart/libcudnn are expected",
-    )
+    add_source_arguments(parser)
+    parser.add_argument("--stack", help="the stack's name, for the fix of a library that shadows its wheels")
     # The probe process's own entry point (run_probe): a JSON plan, not for people.
     parser.add_argument(PROBE_OPTION, metavar="PLAN", help=argparse.SUPPRESS)
     return parser
 
 
+def add_source_arguments(parser: argparse.ArgumentParser) -> None:
+    """Where the stack's CUDA comes from (shared with gpu_verify.py): ``--cuda-source``, ``--cuda-root`` for
+    the runfile tree, one ``--library-dir`` per wheel folder for NVIDIA's wheels."""
+    parser.add_argument(
+        "--cuda-source",
+        choices=CUDA_SOURCES,
+        default="runfile",
+        help="where the stack's CUDA comes from: NVIDIA's runfile tree (default), or NVIDIA's wheels in the venv "
+        "(tensorflow[and-cuda]; give each --library-dir)",
+    )
+    parser.add_argument(
+        "--cuda-root",
+        metavar="DIR",
+        help="the stack's CUDA toolkit folder (default /usr/local/cuda-<--expect-cuda>); its lib64 is "
+        "where libcudart/libcudnn are expected (--cuda-source runfile)",
+    )
+    parser.add_argument(
+        "--library-dir",
+        metavar="DIR",
+        action="append",
+        default=[],
+        help="--cuda-source wheels: a folder of the venv's NVIDIA wheels (<site-packages>/nvidia/<wheel>/lib), "
+        "once each; libcudart, libcublas(Lt) and libcudnn must be mapped from these",
+    )
+
+
+def wheel_dirs(args: argparse.Namespace) -> list[str] | None:
+    """The wheels' library folders of a ``--cuda-source wheels`` stack, None for a runfile one."""
+    return list(args.library_dir) if args.cuda_source == "wheels" else None
+
+
 def check_pin_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Reject malformed ``--expect-cuda`` / ``--expect-cudnn`` through ``parser.error`` (exit 2)
-    before any check runs (shared with gpu_verify.py)."""
+    """Reject malformed ``--expect-cuda`` / ``--expect-cudnn`` and a ``--cuda-source`` without its folders
+    through ``parser.error`` (exit 2) before any check runs (shared with gpu_verify.py)."""
+    if args.cuda_source == "wheels" and (args.cuda_root or not args.library_dir):
+        parser.error("--cuda-source wheels takes each --library-dir of the venv's NVIDIA wheels and no --cuda-root")
+    if args.cuda_source == "runfile" and args.library_dir:
+        parser.error("--library-dir is for --cuda-source wheels; a runfile stack's folder is --cuda-root")
     try:
         if args.expect_cuda:
             cudart_soname(args.expect_cuda)
@@ -1308,7 +1479,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.probe is not None:
         return probe_child(json.loads(args.probe))
     check_pin_arguments(parser, args)
-    doc = check_libraries(args.expect_cuda, args.expect_cudnn, args.cuda_root)
+    doc = check_libraries(
+        args.expect_cuda, args.expect_cudnn, args.cuda_root, library_dirs=wheel_dirs(args), stack=args.stack
+    )
     doc["tensorflow"] = None
     if not args.no_tensorflow:
         doc["tensorflow"] = tensorflow_build_info()

@@ -31,12 +31,24 @@ VERIFY_OPTIONS = (
 )
 
 
+def _cuda_place(cuda: dict) -> list[str]:
+    """Where gpu_verify.py finds the stack's CUDA: the runfile tree's ``--cuda-root``, or for a stack of NVIDIA's
+    wheels (``source: wheels``, ``root: null``) ``--cuda-source wheels`` and one ``--library-dir`` per folder
+    of the venv's wheels (``library_dirs``), where libcudart, libcublas and libcudnn must be mapped from."""
+    if cuda.get("source") != "wheels":
+        return ["--cuda-root", cuda["root"]]
+    folders = cuda["library_dirs"]
+    if not folders:
+        raise KeyError("library_dirs")
+    return ["--cuda-source", "wheels", *(arg for folder in folders for arg in ("--library-dir", folder))]
+
+
 def _expected_versions(stack: dict) -> list[str]:
     """The versions gpu_verify.py checks against: the stack's CUDA, cuDNN and TensorFlow."""
     try:
         cuda, cudnn, tensorflow = stack["cuda_toolkit"], stack["cudnn"], stack["tensorflow"]
         return [
-            "--expect-cuda", cuda["series"], "--cuda-root", cuda["root"],
+            "--expect-cuda", cuda["series"], *_cuda_place(cuda),
             "--expect-cudnn", cudnn["short"], "--expect-tensorflow", tensorflow["version"],
         ]  # fmt: skip
     except (KeyError, TypeError) as error:
@@ -79,6 +91,18 @@ def _failed(cause: str, fix: str, **extra: Any) -> dict:
     return dict({"ok": False, "problems": [{"check": "run", "cause": cause, "fix": fix}]}, **extra)
 
 
+def _cuda_of(stack: dict) -> dict:
+    """``{"cuda": ...}``, gpu_verify.py's section saying where a stack's CUDA comes from (``source``: ``runfile``
+    or ``wheels``, ``root``, ``library_dirs``), from the resolved stack a run was for: the report says it also
+    for a stack whose run printed no document. ``{}`` for an item without ``cuda_toolkit``."""
+    cuda = stack.get("cuda_toolkit")
+    if not isinstance(cuda, dict):
+        return {}
+    if cuda.get("source") == "wheels":
+        return {"cuda": {"source": "wheels", "root": None, "library_dirs": list(cuda.get("library_dirs") or [])}}
+    return {"cuda": {"source": "runfile", "root": cuda.get("root"), "library_dirs": []}}
+
+
 def _stack(run: dict) -> dict:
     """The stack a loop result ran for: its ``item``, or for an ``async_status`` result the
     ``item`` of the job it polled."""
@@ -98,7 +122,8 @@ def gpu_verify_result(run: dict, install_dir: str = "/opt/gpu-verify") -> dict:
     ``async_status`` result (both carry ``stdout``, ``stderr``, ``rc``; the stack is the ``item``).
 
     ``install_dir`` is where the scripts are on the host (for the hint on running them by hand).
-    Returns the script's JSON document (a dict with ``ok`` and ``problems``); never raises.
+    Returns the script's JSON document (a dict with ``ok`` and ``problems``); never raises.  A failed
+    document made here carries the stack's ``cuda`` section as the script writes it (:func:`_cuda_of`).
     """
     stack = _stack(run)
     if run.get("skipped"):
@@ -108,6 +133,7 @@ def gpu_verify_result(run: dict, install_dir: str = "/opt/gpu-verify") -> dict:
             "Run playbooks/tensorflow.yml (or site.yml) first; then verify by hand with "
             f"{venv}/bin/python {install_dir}/gpu_verify.py --expected-gpus N --format table.",
             stack=stack.get("name"),
+            **_cuda_of(stack),
         )
     if "ansible_job_id" in run and not run.get("finished", 1):
         return _failed(
@@ -115,6 +141,7 @@ def gpu_verify_result(run: dict, install_dir: str = "/opt/gpu-verify") -> dict:
             "(gpu_verify_timeout + 120 s); the worker hung outside the fit's own time limit.",
             "Check the host's load and `ps -ef | grep gpu_verify` there, kill the leftover process, rerun.",
             stack=stack.get("name"),
+            **_cuda_of(stack),
         )
     stdout = (run.get("stdout") or "").strip()
     if stdout:
@@ -130,6 +157,7 @@ def gpu_verify_result(run: dict, install_dir: str = "/opt/gpu-verify") -> dict:
         f"Run it by hand on the host: {stack.get('venv', '<venv>')}/bin/python {install_dir}/gpu_verify.py "
         "--expected-gpus N --format table.",
         rc=run.get("rc"),
+        **_cuda_of(stack),
     )
 
 

@@ -81,7 +81,9 @@ not verify (see report_history.py; ``--dry-run`` writes nothing):
 * ``<run folder>/fleet-report.junit.xml``: JUnit XML for CI dashboards, one test suite with one test
   case per row and check (classname the row, name the check): passed, ``<failure>`` or
   ``<skipped message="not run: <reason>"/>``; a row without a verification document is the one
-  failed case ``verification``.  Then one case per host (classname the host), ``health``: passed
+  failed case ``verification``; the libcudart and libcudnn cases of a document that says where the
+  stack's CUDA comes from (its ``cuda`` section: the runfile tree, or the venv's NVIDIA wheels) carry it
+  in ``<system-out>`` with the file and version loaded.  Then one case per host (classname the host), ``health``: passed
   when healthy, ``<failure>`` with every finding when unhealthy, skipped when not checked, when it
   could not be checked and for a host carried over.  The suite counts ``tests``, ``failures``,
   ``errors`` (0) and ``skipped``.
@@ -89,7 +91,9 @@ not verify (see report_history.py; ``--dry-run`` writes nothing):
   and fix, and the GPU health as in Markdown.
 
 Versions shown are the ones really loaded (libraries' decoded versions, nvidia-smi's driver),
-not the pins.  Times are seconds; throughput is samples/s.
+not the pins.  Each row's notes say where its CUDA comes from (``CUDA from the runfile tree ...`` or
+``CUDA from the venv's NVIDIA wheels ...``) and, for a file of NVIDIA's wheels, where its version came
+from and which wheel installed it.  Times are seconds; throughput is samples/s.
 
 Exit codes: 0 the report was written (whatever the hosts' results; the playbook decides), 2 bad
 input or usage error.
@@ -267,14 +271,33 @@ def _utilisation_note(samples: Any) -> str | None:
 
 def _loaded_text(doc: Any, key: str) -> str:
     """``libcudart 11.8.89 <path>``: the release in the real file's name where it has one (NVIDIA's
-    names carry it), else the version its call gave; libcuda's name carries the driver's version."""
+    names carry it), else the version its call gave; libcuda's name carries the driver's version.  A file
+    of NVIDIA's wheels (named by its soname) says where its version came from and which wheel installed it:
+    ``libcudart 12.5 (cudaRuntimeGetVersion; wheel nvidia-cuda-runtime-cu12 12.5.82) <path>``."""
     version, release = _get(doc, "libraries", key, "version"), _get(doc, "libraries", key, "release")
-    path = _get(doc, "libraries", key, "path")
+    path, wheel = _get(doc, "libraries", key, "path"), _get(doc, "libraries", key, "wheel")
     if key == "libcuda":
         shown = f"CUDA {version}" + (f" (driver {release})" if release else "")
+    elif wheel:
+        source = _get(doc, "libraries", key, "version_source")
+        shown = f"{version or 'unknown'} ({'; '.join(filter(None, [source, f'wheel {wheel}']))})"
     else:
         shown = release or version
     return f"{key} {shown} {path}"
+
+
+def cuda_source_text(doc: Any) -> str | None:
+    """Where the stack's CUDA comes from (gpu_verify.py's ``cuda`` section): ``CUDA from the runfile tree
+    /usr/local/cuda-11.8``, or ``CUDA from the venv's NVIDIA wheels (tensorflow[and-cuda]) under
+    <site-packages>/nvidia``; None for a document without the section."""
+    cuda = _get(doc, "cuda")
+    if not isinstance(cuda, dict) or not cuda.get("source"):
+        return None
+    if cuda["source"] == "wheels":
+        folders = [str(folder) for folder in cuda.get("library_dirs") or []]
+        under = f" under {os.path.commonpath(folders) if len(folders) > 1 else folders[0]}" if folders else ""
+        return f"CUDA from the venv's NVIDIA wheels (tensorflow[and-cuda]){under}"
+    return f"CUDA from the {cuda['source']} tree {cuda.get('root') or '-'}"
 
 
 def _tensorflow_build(doc: Any) -> str | None:
@@ -296,10 +319,11 @@ def _tensorflow_build(doc: Any) -> str | None:
 
 
 def row_facts(doc: Any) -> list[str]:
-    """Notes people need next to a row: the library files really loaded and what a library's
+    """Notes people need next to a row: where the stack's CUDA comes from, the library files really loaded
+    and what a library's
     ``note`` says (a version call that failed without failing the run), a PCI cross-check that did
     not run, a scaling figure that was not judged."""
-    notes = []
+    notes = [text for text in [cuda_source_text(doc)] if text]
     loaded = [
         _loaded_text(doc, key) for key in ("libcuda", "libcudart", "libcudnn") if _get(doc, "libraries", key, "path")
     ]
@@ -1186,8 +1210,21 @@ def _host_parts_html(
     return out
 
 
-def _junit_case(suite: ET.Element, row: dict[str, Any], check: str, found: list[dict[str, str]]) -> str:
-    """Add the test case of one row's check; returns its status.  ``found``: the row's problems.
+def library_output(doc: Any, check: str) -> str | None:
+    """The ``system-out`` of a row's libcudart and libcudnn cases: where the stack's CUDA comes from and the
+    file and version the probe read (:func:`cuda_source_text`, :func:`_loaded_text`); None for other checks,
+    a library the probe did not map, and a document without the ``cuda`` section."""
+    source = cuda_source_text(doc)
+    if check not in ("libcudart", "libcudnn") or not source or not _get(doc, "libraries", check, "path"):
+        return None
+    return f"{source}: {_loaded_text(doc, check)}"
+
+
+def _junit_case(
+    suite: ET.Element, row: dict[str, Any], check: str, found: list[dict[str, str]], doc: Any = None
+) -> str:
+    """Add the test case of one row's check; returns its status.  ``found``: the row's problems; ``doc``: its
+    document, whose libcudart and libcudnn cases say the file and version loaded (:func:`library_output`).
 
     A check that did not run is ``<skipped message="not run: ..."/>``, a failed one ``<failure
     message=... type=...>`` (elements and attributes as in the JUnit XML format documented at
@@ -1205,6 +1242,9 @@ def _junit_case(suite: ET.Element, row: dict[str, Any], check: str, found: list[
         kind = ", ".join(sorted({str(p.get("check")) for p in failing})) or check
         failure = ET.SubElement(case, "failure", message=str(outcome["reason"]), type=kind)
         failure.text = "\n".join(f"{p.get('cause')}\nFix: {p.get('fix')}" for p in failing) or str(outcome["reason"])
+    said = library_output(doc, check)
+    if said:  # after the outcome: JUnit's schema puts system-out after skipped and failure
+        ET.SubElement(case, "system-out").text = said
     return outcome["status"]
 
 
@@ -1251,7 +1291,7 @@ def format_junit(report: dict[str, Any]) -> str:
         for row, doc in zip(host["rows"], docs):
             found = host_problems(doc, name)
             for check in row["checks"]:
-                counts[_junit_case(suite, row, check, found)] += 1
+                counts[_junit_case(suite, row, check, found, doc)] += 1
         counts[_junit_health_case(suite, name, host)] += 1
     suite.set("tests", str(sum(counts.values())))
     suite.set("failures", str(counts[FAIL]))

@@ -442,6 +442,45 @@ def test_verify_argv_names_a_stack_that_is_not_resolved():
         verify_argv(dict(VERIFY_STACK, cudnn=None))
 
 
+SITE = "/opt/tensorflow/2.18/lib/python3.11/site-packages"
+# A stack of NVIDIA's wheels as gpu_stack resolves it (tensorflow[and-cuda]: no tree, the venv's wheel folders).
+WHEELS_STACK = {
+    "name": "tf218",
+    "venv": "/opt/tensorflow/2.18",
+    "cuda_toolkit": {
+        "source": "wheels",
+        "version": "12.5",
+        "series": "12.5",
+        "root": None,
+        "site_packages": SITE,
+        "library_dirs": [f"{SITE}/nvidia/cuda_runtime/lib", f"{SITE}/nvidia/cublas/lib", f"{SITE}/nvidia/cudnn/lib"],
+    },
+    "cudnn": {"source": "wheels", "version": "9.3", "short": "9.3", "series": "9.3", "major": 9},
+    "tensorflow": {"version": "2.18.1", "package": "tensorflow[and-cuda]"},
+}
+
+
+def test_verify_argv_for_a_wheels_stack_passes_its_wheel_folders_not_a_tree():
+    argv = verify_argv(WHEELS_STACK)
+    start = argv.index("--expect-cuda")
+    assert argv[start : argv.index("--expect-cudnn")] == [
+        "--expect-cuda", "12.5", "--cuda-source", "wheels",
+        "--library-dir", f"{SITE}/nvidia/cuda_runtime/lib",
+        "--library-dir", f"{SITE}/nvidia/cublas/lib",
+        "--library-dir", f"{SITE}/nvidia/cudnn/lib",
+    ]  # fmt: skip
+    assert "--cuda-root" not in argv and argv[argv.index("--expect-cudnn") + 1] == "9.3"
+    # A runfile stack with the source named keeps its tree.
+    runfile = dict(VERIFY_STACK, cuda_toolkit=dict(VERIFY_STACK["cuda_toolkit"], source="runfile"))
+    assert verify_argv(runfile) == verify_argv()
+
+
+def test_verify_argv_names_a_wheels_stack_without_its_wheel_folders():
+    stack = dict(WHEELS_STACK, cuda_toolkit=dict(WHEELS_STACK["cuda_toolkit"], library_dirs=[]))
+    with pytest.raises(AnsibleFilterError, match="stack 'tf218' is not resolved \\(no 'library_dirs'\\)"):
+        verify_argv(stack)
+
+
 @pytest.mark.parametrize(
     ("layout", "devices"),
     [
@@ -456,3 +495,18 @@ def test_verify_argv_on_a_mig_host_expects_the_devices_cuda_enumerates(layout, d
     assert argv[argv.index("--expected-gpus") + 1] == "4"  # nvidia-smi still counts the physical GPUs
     found = argv[argv.index("--expected-cuda-devices") + 1] if "--expected-cuda-devices" in argv else None
     assert found == devices
+
+
+def test_a_run_without_a_document_still_says_where_its_stacks_cuda_comes_from():
+    run = {"skipped": True, "item": WHEELS_STACK}
+    doc = gpu_report.gpu_verify_result(run, "/opt/gpu-verify")
+    assert doc["cuda"] == {
+        "source": "wheels",
+        "root": None,
+        "library_dirs": WHEELS_STACK["cuda_toolkit"]["library_dirs"],
+    }
+    runfile = gpu_report.gpu_verify_result({"stdout": "", "rc": 1, "item": VERIFY_STACK})
+    assert runfile["cuda"] == {"source": "runfile", "root": "/usr/local/cuda-12.2", "library_dirs": []}
+    notes = fleet_report.build_report({"gpu1": [doc, runfile]}, None)["hosts"]["gpu1"]["mode_notes"]
+    assert f"gpu1 (tf218): CUDA from the venv's NVIDIA wheels (tensorflow[and-cuda]) under {SITE}/nvidia" in notes
+    assert "gpu1: CUDA from the runfile tree /usr/local/cuda-12.2" in notes  # that document names no stack

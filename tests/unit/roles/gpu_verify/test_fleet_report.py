@@ -1195,3 +1195,61 @@ def test_merge_keeps_each_hosts_health_from_when_it_was_checked(tmp_path: Path) 
         == f"not in this run: GPU health as last checked, unhealthy, 2 findings (checked {CHECKED})"
     )
     assert junit.get("failures") == "0"  # an earlier run's findings are not this run's failure
+
+
+SITE = "/opt/tensorflow/2.18/lib/python3.11/site-packages"
+
+
+def wheels_doc() -> dict[str, Any]:
+    """gpu_verify.py's document of a stack whose CUDA comes from NVIDIA's wheels (tensorflow[and-cuda])."""
+    doc = passing_doc()
+    doc["stack"] = "tf2.18"
+    doc["cuda"] = {
+        "source": "wheels",
+        "root": None,
+        "library_dirs": [f"{SITE}/nvidia/cuda_runtime/lib", f"{SITE}/nvidia/cudnn/lib"],
+    }
+    doc["libraries"]["libcudart"] = {
+        "version": "12.5",
+        "path": f"{SITE}/nvidia/cuda_runtime/lib/libcudart.so.12",
+        "version_source": "cudaRuntimeGetVersion",
+        "wheel": "nvidia-cuda-runtime-cu12 12.5.82",
+        "ok": True,
+    }
+    doc["libraries"]["libcudnn"] = {
+        "version": "9.3.0",
+        "path": f"{SITE}/nvidia/cudnn/lib/libcudnn.so.9",
+        "version_source": "cudnnGetVersion",
+        "wheel": "nvidia-cudnn-cu12 9.3.0.75",
+        "ok": True,
+    }
+    return doc
+
+
+def test_the_report_says_where_each_stacks_cuda_comes_from_and_the_wheels_files() -> None:
+    runfile = dict(passing_doc(), cuda={"source": "runfile", "root": "/usr/local/cuda-11.8", "library_dirs": []})
+    report = fleet_report.build_report({"gpu-f3": [runfile, wheels_doc()]}, None)
+    cudart = (
+        f"libcudart 12.5 (cudaRuntimeGetVersion; wheel nvidia-cuda-runtime-cu12 12.5.82) "
+        f"{SITE}/nvidia/cuda_runtime/lib/libcudart.so.12"
+    )
+    cudnn = f"libcudnn 9.3.0 (cudnnGetVersion; wheel nvidia-cudnn-cu12 9.3.0.75) {SITE}/nvidia/cudnn/lib/libcudnn.so.9"
+    for text in (fleet_report.format_text(report), fleet_report.format_markdown(report)):
+        assert "gpu-f3 (tf2.12): CUDA from the runfile tree /usr/local/cuda-11.8" in text
+        assert f"gpu-f3 (tf2.18): CUDA from the venv's NVIDIA wheels (tensorflow[and-cuda]) under {SITE}/nvidia" in text
+        assert f"gpu-f3 (tf2.18): loaded {cudart}, {cudnn}" in text
+    suite = ET.fromstring(fleet_report.format_junit(report))
+    said = {
+        (case.get("classname"), case.get("name")): case.findtext("system-out")
+        for case in suite.findall("testcase")
+        if case.find("system-out") is not None
+    }
+    wheels = f"CUDA from the venv's NVIDIA wheels (tensorflow[and-cuda]) under {SITE}/nvidia"
+    assert said == {
+        ("gpu-f3 (tf2.12)", "libcudart"): "CUDA from the runfile tree /usr/local/cuda-11.8: libcudart 11.8 "
+        "/usr/local/cuda-11.8/lib64/libcudart.so.11.8.89",
+        ("gpu-f3 (tf2.12)", "libcudnn"): "CUDA from the runfile tree /usr/local/cuda-11.8: libcudnn 8.6.0 "
+        "/usr/local/cuda-11.8/lib64/libcudnn.so.8.6.0",
+        ("gpu-f3 (tf2.18)", "libcudart"): f"{wheels}: {cudart}",
+        ("gpu-f3 (tf2.18)", "libcudnn"): f"{wheels}: {cudnn}",
+    }
