@@ -1,4 +1,4 @@
-"""Jupyter kernels of two stacks on one host (testinfra, podman backend): both stacks' locks hold
+"""Jupyter kernels of three stacks on one host (testinfra, podman backend): the stacks' locks hold
 ipykernel (tests/fixtures/locks-jupyter), so tf_venv wrote a kernel spec for each and the
 verification started each kernel. Here each kernel is started again as Jupyter starts it (kernel.py:
 jupyter_client, the spec's argv, one cell) from a user's environment with a library folder of the
@@ -23,16 +23,28 @@ from ansible_run import latest_report
 REPORTS = ROOT / "reports" / "molecule-multi_stack"
 
 KERNELS = "/usr/local/share/jupyter/kernels"
-STACKS = {  # name: (venv, toolkit, CUDA, cuDNN)
-    "tf2.12": ("/opt/tensorflow/2.12", "/usr/local/cuda-11.8", "11.8", "8.6"),
-    "tf2.18": ("/opt/tensorflow/2.18", "/usr/local/cuda-12.5", "12.5", "9.3"),
+# tf2.18w's CUDA is NVIDIA's wheels in its venv: the folders its environment file puts first (the version
+# matrix's cuda_wheels.library_folders).
+WHEELS = "/opt/tensorflow/2.18-wheels/lib/python3.11/site-packages/nvidia"
+WHEEL_FOLDERS = ("cuda_runtime", "cublas", "cudnn", "cufft", "curand", "cusolver", "cusparse", "nccl", "nvjitlink")
+WHEEL_DIRS = [f"{WHEELS}/{folder}/lib" for folder in (*WHEEL_FOLDERS, "cuda_cupti", "cuda_nvrtc")]
+STACKS = {  # name: (venv, where CUDA comes from: kernel.py's arguments, the first library folder, CUDA, cuDNN)
+    "tf2.12": ("/opt/tensorflow/2.12", "--cuda-root /usr/local/cuda-11.8", "/usr/local/cuda-11.8/lib64", "11.8", "8.6"),
+    "tf2.18": ("/opt/tensorflow/2.18", "--cuda-root /usr/local/cuda-12.5", "/usr/local/cuda-12.5/lib64", "12.5", "9.3"),
+    "tf2.18w": (
+        "/opt/tensorflow/2.18-wheels",
+        "--cuda-source wheels " + " ".join(f"--library-dir {folder}" for folder in WHEEL_DIRS),
+        WHEEL_DIRS[0],
+        "12.5",
+        "9.3",
+    ),
 }
 
 
 def kernel_check(host, name: str):
-    venv, root, cuda, cudnn = STACKS[name]
+    venv, source, _first, cuda, cudnn = STACKS[name]
     command = (
-        f"{venv}/bin/python /opt/gpu-verify/kernel.py --stack {name} --cuda-root {root} "
+        f"{venv}/bin/python /opt/gpu-verify/kernel.py --stack {name} {source} "
         f"--cuda {cuda} --cudnn {cudnn} --kernel-dir {KERNELS}"
     )
     return host.run(command)
@@ -40,16 +52,17 @@ def kernel_check(host, name: str):
 
 @pytest.mark.parametrize("name", sorted(STACKS))
 def test_each_kernel_starts_and_runs_a_cell_with_its_own_stack_and_the_users_library_path(host, name):
-    venv, root, _cuda, _cudnn = STACKS[name]
+    venv, _source, first, _cuda, _cudnn = STACKS[name]
     spec = json.loads(host.file(f"{KERNELS}/tf-stack-{name}/kernel.json").content_string)
     assert spec["argv"][:4] == ["/usr/local/bin/tf-stack", "run", name, "--"] and "env" not in spec
     out = kernel_check(host, name)
     assert out.rc == 0, out.stdout + out.stderr
     section = json.loads(out.stdout)
     assert section["started"] is True and section["prefix"] == venv
-    assert section["ld_library_path"][0] == f"{root}/lib64"
+    assert section["ld_library_path"][0] == first
     assert section["ld_library_path"][-1] == "/opt/gpu-verify-user-libraries"
-    assert all(path.startswith(f"{root}/") for path in section["loaded"].values()), section["loaded"]
+    home = WHEELS if name == "tf2.18w" else first.removesuffix("/lib64")
+    assert all(path.startswith(f"{home}/") for path in section["loaded"].values()), section["loaded"]
 
 
 def test_the_verification_reported_each_kernel():
