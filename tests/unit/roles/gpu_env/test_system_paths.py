@@ -62,7 +62,7 @@ def converge(tmp_path: Path, stack: dict) -> dict:
     out.mkdir(exist_ok=True)
     (out / "ldconfig-notified").unlink(missing_ok=True)
     settings = {
-        "__gpu_env_serve": stack,
+        "gpu_preflight_resolved_default": stack,
         "gpu_env_ld_conf_path": str(out / "gpu-env.conf"),
         "gpu_env_profile_path": str(out / "gpu-env.sh"),
         "gpu_env_sudoers_path": str(out / "gpu-env-sudoers"),
