@@ -33,6 +33,9 @@ PLAN_TEXTS = {
     "install": "CUDA {version} would be installed in {root}",
     "link_change": "{link} would point at {root}",
     "link_same": "{link} -> {root}",
+    # The default stack's CUDA comes from NVIDIA's wheels: no default toolkit (default_root None).
+    "link_remove": "{link} would be removed (the default stack's CUDA comes from NVIDIA's wheels in its venv)",
+    "link_none": "{link}: none (the default stack's CUDA comes from NVIDIA's wheels in its venv)",
     "remove": "{root} would be removed (stack {name} is absent)",
 }
 MESSAGES: dict[str, Message] = {
@@ -108,7 +111,8 @@ def gpu_cuda_toolkits(toolkits: list[dict], look: dict, inputs: dict) -> dict[st
     cache), ``plan`` ({root: {change, text}}) and ``link_ok`` (the default symlink needs no round trip).
     ``inputs``: ``done`` (the completion record's name), ``cache_files`` (gpu_preflight's look at the host
     cache, None when unknown), ``keep_cache``, ``link`` (the default symlink, whose stat the look holds),
-    ``default_root`` (the default stack's toolkit) and ``plan`` (cuda_toolkit_plan so far)."""
+    ``default_root`` (the default stack's toolkit, None where its CUDA comes from NVIDIA's wheels) and ``plan``
+    (cuda_toolkit_plan so far)."""
     work, plan = [], {}
     for toolkit in toolkits:
         installed = toolkit_installed(toolkit, look, inputs["done"])
@@ -120,25 +124,33 @@ def gpu_cuda_toolkits(toolkits: list[dict], look: dict, inputs: dict) -> dict[st
     link = (look.get("stat") or {}).get(inputs.get("link")) or {}
     earlier = [entry for entry in (inputs.get("plan") or {}).values() if (entry or {}).get("change")]
     link_ok = (
-        link.get("lnk_target", "") == inputs.get("default_root")
+        _link_serves(link, inputs.get("default_root"))
         and not earlier
         and not any(entry["change"] for entry in plan.values())
     )
     return {"work": work, "plan": plan, "link_ok": link_ok}
 
 
+def _link_serves(link: dict, default_root: str | None) -> bool:
+    """Whether the default symlink's path as looked at (``link``, a stat) serves the default stack: a link to its
+    toolkit ``default_root``, or, where it has none (its CUDA comes from NVIDIA's wheels), no link of ours there
+    (nothing, or what gpu_preflight refuses before any change: a folder or a file)."""
+    if not default_root:
+        return not link.get("islnk")
+    return link.get("lnk_target", "") == default_root
+
+
 def gpu_cuda_plan(plan: dict | None, parts: dict) -> dict[str, dict]:
     """``cuda_toolkit_plan`` after a run of main: ``plan`` (so far) with ``parts``: ``toolkits`` (the
-    install's lines), ``link`` (the default symlink's path), ``link_changed``, ``default_root`` and
-    ``removed`` (the absent stacks whose toolkit goes: name, cuda_root)."""
+    install's lines), ``link`` (the default symlink's path), ``link_changed``, ``default_root`` (None where the
+    default stack's CUDA comes from NVIDIA's wheels: the link goes) and ``removed`` (the absent stacks whose
+    toolkit goes: name, cuda_root)."""
     joined = dict(plan or {})
     joined.update(parts.get("toolkits") or {})
     changed = boolean(parts.get("link_changed", False), strict=False)
     fields = {"link": parts["link"], "root": parts["default_root"]}
-    joined[parts["link"]] = {
-        "change": changed,
-        "text": PLAN_TEXTS["link_change" if changed else "link_same"].format(**fields),
-    }
+    texts = ("link_change", "link_same") if parts["default_root"] else ("link_remove", "link_none")
+    joined[parts["link"]] = {"change": changed, "text": PLAN_TEXTS[texts[0] if changed else texts[1]].format(**fields)}
     for stack in parts.get("removed") or []:
         text = PLAN_TEXTS["remove"].format(root=stack["cuda_root"], name=stack["name"])
         joined[stack["cuda_root"]] = {"change": True, "text": text}

@@ -18,15 +18,38 @@ from ansible.errors import AnsibleFilterError
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
+def _cuda_values(cuda: dict, venv: str) -> dict[str, str]:
+    """The keys that bind the stack to its CUDA, by where it comes from (``cuda['source']``, default runfile).
+
+    A runfile toolkit: ``CUDA_HOME``, its ``lib64`` (where the cudnn role puts the stack's cuDNN too) and ``bin``.
+    NVIDIA's wheels (``tensorflow[and-cuda]``): no ``CUDA_HOME``; the ``nvidia/*/lib`` folders of the venv
+    (``library_dirs``), ahead of any system CUDA the caller's ``LD_LIBRARY_PATH`` names; XLA's CUDA data folder is
+    the ``nvidia/cuda_nvcc`` wheel (ptxas and libdevice); the venv's ``bin`` then the system's on ``PATH``."""
+    if (cuda.get("source") or "runfile") == "wheels":
+        return {
+            "LD_LIBRARY_PATH": ":".join(cuda["library_dirs"]),
+            "XLA_FLAGS": f"--xla_gpu_cuda_data_dir={cuda['site_packages']}/nvidia/cuda_nvcc",
+            "PATH": f"{venv}/bin:{SYSTEM_PATH}",
+        }
+    root = cuda["root"]
+    return {
+        "CUDA_HOME": root,
+        "LD_LIBRARY_PATH": f"{root}/lib64",
+        # XLA finds ptxas and libdevice under this folder (TensorFlow GPU guide, "XLA" flags).
+        "XLA_FLAGS": f"--xla_gpu_cuda_data_dir={root}",
+        "PATH": f"{venv}/bin:{root}/bin:{SYSTEM_PATH}",
+    }
+
+
 def gpu_tf_stack_env(stack: dict, default_package: str = "tensorflow") -> dict[str, str]:
     """``{{ stack | gpu_fleet.tf_hosts.gpu_tf_stack_env(tf_venv_package) }}``: the stack's environment.
 
-    The library folder is the toolkit's ``lib64``, where the cudnn role puts the stack's cuDNN too.
-    Values hold no spaces or quotes: the file is read by systemd (``EnvironmentFile=``), by POSIX
-    ``sh`` and by ``tf_stack.read_env`` alike."""
+    The library folders are the toolkit's ``lib64`` (runfile), or the venv's ``nvidia/*/lib`` folders where the
+    stack's CUDA comes from NVIDIA's wheels (:func:`_cuda_values`). Values hold no spaces or quotes: the file is
+    read by systemd (``EnvironmentFile=``), by POSIX ``sh`` and by ``tf_stack.read_env`` alike."""
     try:
         cuda, cudnn, tensorflow = stack["cuda_toolkit"], stack["cudnn"], stack["tensorflow"]
-        root, venv = cuda["root"], stack["venv"]
+        venv = stack["venv"]
         values = {
             "TF_STACK": stack["name"],
             "TF_STACK_VENV": venv,
@@ -37,11 +60,7 @@ def gpu_tf_stack_env(stack: dict, default_package: str = "tensorflow") -> dict[s
             "TF_STACK_CUDNN": cudnn["version"],
             "TF_STACK_CUDART": cuda["cudart_soname"],
             "TF_STACK_CUDNN_SONAME": f"libcudnn.so.{cudnn['major']}",
-            "CUDA_HOME": root,
-            "LD_LIBRARY_PATH": f"{root}/lib64",
-            # XLA finds ptxas and libdevice under this folder (TensorFlow GPU guide, "XLA" flags).
-            "XLA_FLAGS": f"--xla_gpu_cuda_data_dir={root}",
-            "PATH": f"{venv}/bin:{root}/bin:{SYSTEM_PATH}",
+            **_cuda_values(cuda, venv),
         }
     except (KeyError, TypeError) as error:
         raise AnsibleFilterError(f"gpu_tf_stack_env: not a resolved stack (no {error})") from None
@@ -62,10 +81,12 @@ def gpu_tf_kernel_spec(stack: dict, command: str) -> dict[str, Any]:
     ``env`` would replace the user's values instead, and would not follow the stack's file."""
     cuda, cudnn = stack["cuda_toolkit"], stack["cudnn"]
     python = f"{stack['venv']}/bin/python"
+    # A stack whose CUDA comes from NVIDIA's wheels says so: two kernels of one CUDA series can differ there.
+    wheels = " wheels" if cuda.get("source") == "wheels" else ""
     return {
         "argv": [command, "run", stack["name"], "--", python, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
         "display_name": (
-            f"TensorFlow {stack['tensorflow']['version']} ({stack['name']}: CUDA {cuda['series']}, "
+            f"TensorFlow {stack['tensorflow']['version']} ({stack['name']}: CUDA {cuda['series']}{wheels}, "
             f"cuDNN {cudnn['series']})"
         ),
         "language": "python",

@@ -145,19 +145,22 @@ SYNOPSIS
 
 DESCRIPTION
     Each stack is a virtual environment with one TensorFlow, bound to one CUDA toolkit
-    (/usr/local/cuda-X.Y) and the cuDNN installed into it. The Ansible role
-    gpu_fleet.tf_hosts.tf_venv writes them; this command only reads.
+    (/usr/local/cuda-X.Y) and the cuDNN installed into it, or to NVIDIA's CUDA and cuDNN wheels
+    inside the venv (tensorflow[and-cuda]). The Ansible role gpu_fleet.tf_hosts.tf_venv writes
+    them; this command only reads.
 
     A stack's own Python (<venv>/bin/python) finds its stack's libraries in any context, without
     this command. Use `run` for other programs (a shell script, nvcc) and `env` for services.
 
 COMMANDS
     list    One line per stack: name, TensorFlow, Python, CUDA, cuDNN, venv, health. `*` marks the
-            default stack (the one /usr/local/cuda, PATH and /etc/ld.so.conf.d serve). Health is
-            `ok`, or what is missing: the venv's interpreter, the toolkit's libcudart or libcudnn,
-            or a dependency lock that was not installed in full.
-    run     Runs COMMAND with the stack's environment: its venv's bin and the toolkit's bin first
-            on PATH, its lib64 first on LD_LIBRARY_PATH, CUDA_HOME and XLA_FLAGS set.
+            default stack (the one /usr/local/cuda, PATH and /etc/ld.so.conf.d serve; none of them
+            where its CUDA comes from wheels). Health is `ok`, or what is missing: the venv's
+            interpreter, libcudart or libcudnn in the stack's library folders, or a dependency
+            lock that was not installed in full.
+    run     Runs COMMAND with the stack's environment: its venv's bin (and the toolkit's bin) first
+            on PATH, its library folders (the toolkit's lib64, or the venv's nvidia/*/lib) first on
+            LD_LIBRARY_PATH, ahead of what the caller had, CUDA_HOME (a toolkit's) and XLA_FLAGS set.
     env     Prints that environment as `export` lines: eval "$(tf-stack env tf2.18)".
     probe   Loads libcudart and libcudnn the way TensorFlow does (by soname, in the stack's
             Python) and prints cudaRuntimeGetVersion, cudnnGetVersion and the files loaded
@@ -237,17 +240,20 @@ def default_name(registry=None):
 
 
 def health(values):
-    """``ok``, or each thing of the stack that is missing or incomplete."""
-    venv, cuda = values.get("TF_STACK_VENV", ""), values.get("CUDA_HOME", "")
-    if not (venv.startswith("/") and cuda.startswith("/")):
-        return "environment file unreadable or incomplete (no TF_STACK_VENV or CUDA_HOME)"
-    lib64 = os.path.join(cuda, "lib64")
+    """``ok``, or each thing of the stack that is missing or incomplete. The stack's libraries are looked for
+    in its library folders (``LD_LIBRARY_PATH``): a toolkit's ``lib64``, or the venv's ``nvidia/*/lib`` folders
+    where the stack's CUDA comes from NVIDIA's wheels."""
+    venv = values.get("TF_STACK_VENV", "")
+    folders = [folder for folder in values.get("LD_LIBRARY_PATH", "").split(":") if folder.startswith("/")]
+    if not (venv.startswith("/") and folders):
+        return "environment file unreadable or incomplete (no TF_STACK_VENV or LD_LIBRARY_PATH)"
+    where = folders[0] if len(folders) == 1 else os.path.commonpath(folders) + "/*"
     problems = []
     if not os.access(os.path.join(venv, "bin", "python"), os.X_OK):
         problems.append("no interpreter in " + venv)
     for soname in (values.get("TF_STACK_CUDART", ""), values.get("TF_STACK_CUDNN_SONAME", "")):
-        if not os.path.exists(os.path.join(lib64, soname)):
-            problems.append(soname + " missing in " + lib64)
+        if not any(os.path.exists(os.path.join(folder, soname)) for folder in folders):
+            problems.append(soname + " missing in " + where)
     problems += _lock_problem(venv)
     return "; ".join(problems) or "ok"
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from ansible_collections.gpu_fleet.tf_hosts.plugins.filter import gpu_cuda
 
 ROOT = "/usr/local/cuda-11.8"
@@ -86,6 +87,32 @@ def test_the_plan_joins_toolkits_link_and_removals():
     }
     changed = gpu_cuda.gpu_cuda_plan(None, dict(parts, link_changed=True, removed=[]))
     assert changed["/usr/local/cuda"]["text"] == f"/usr/local/cuda would point at {ROOT}"
+
+
+# A default stack whose CUDA comes from NVIDIA's wheels has no toolkit: default_root None ("" under ansible-core
+# 2.16, which renders a null as an empty string).
+@pytest.mark.parametrize("none", [None, ""])
+def test_a_wheels_default_trusts_only_a_path_without_a_link(none):
+    wheels = dict(INPUTS, default_root=none)
+    assert not gpu_cuda.gpu_cuda_toolkits([TOOLKIT], _look(), wheels)["link_ok"]  # our link: it goes
+    for stat in ({"exists": False, "islnk": False}, {"exists": True, "isdir": True, "islnk": False}):
+        look = _look()
+        look["stat"]["/usr/local/cuda"] = stat
+        assert gpu_cuda.gpu_cuda_toolkits([TOOLKIT], look, wheels)["link_ok"], stat
+        # NVIDIA's installer points the link at what it installed: a toolkit installed in this run.
+        look["read"][f"{ROOT}/{DONE}"] = None
+        assert not gpu_cuda.gpu_cuda_toolkits([TOOLKIT], look, wheels)["link_ok"], stat
+
+
+@pytest.mark.parametrize("none", [None, ""])
+def test_the_plan_of_a_wheels_default_says_the_link_goes(none):
+    parts = {"toolkits": {}, "link": "/usr/local/cuda", "link_changed": True, "default_root": none, "removed": []}
+    assert gpu_cuda.gpu_cuda_plan(None, parts)["/usr/local/cuda"] == {
+        "change": True,
+        "text": "/usr/local/cuda would be removed (the default stack's CUDA comes from NVIDIA's wheels in its venv)",
+    }
+    same = gpu_cuda.gpu_cuda_plan(None, dict(parts, link_changed=False))["/usr/local/cuda"]
+    assert same["text"] == "/usr/local/cuda: none (the default stack's CUDA comes from NVIDIA's wheels in its venv)"
 
 
 def test_the_check_names_a_folder_a_relative_link_and_a_short_time_limit():

@@ -1,4 +1,5 @@
-"""Why a refresh of the loader cache fails the host (gpu_env's ldconfig), in the words the role used."""
+"""gpu_env's filters: what the default stack puts on the host's system paths (runfile or NVIDIA's wheels), and why a
+refresh of the loader cache fails the host (gpu_env's ldconfig), in the words the role used."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ ROOT = Path(__file__).resolve().parents[4]
 sys.path.insert(0, str(ROOT / "plugins" / "filter"))
 
 import gpu_loader
+import pytest
+from ansible.errors import AnsibleFilterError
 
 COPY = "ldconfig: /usr/local/cuda-12.2/lib64/libcudnn.so.8 is not a symbolic link"
 FIX = (
@@ -53,3 +56,45 @@ def test_a_quiet_run_or_a_skipped_one_is_no_problem():
     assert gpu_loader.gpu_ldconfig_problem({"rc": 0, "stderr": "", "stderr_lines": []}) == ""
     assert gpu_loader.gpu_ldconfig_problem({"skipped": True, "changed": False}) == ""
     assert gpu_loader.gpu_ldconfig_problem(None) == ""
+
+
+# --- gpu_system_cuda: the served default stack's folders on the host's system paths --------------------
+
+RUNFILE = {"name": "tf2.12", "cuda_toolkit": {"source": "runfile", "root": "/usr/local/cuda-11.8"}}
+WHEELS = {"name": "tf2.18", "cuda_toolkit": {"source": "wheels", "root": None, "library_dirs": ["/x/nvidia/cudnn/lib"]}}
+
+
+def test_a_runfile_default_puts_its_toolkit_on_every_system_path():
+    assert gpu_loader.gpu_system_cuda(RUNFILE) == {
+        "home": "/usr/local/cuda-11.8",
+        "bin": ["/usr/local/cuda-11.8/bin"],
+        "lib": ["/usr/local/cuda-11.8/lib64"],
+        "text": "PATH and the library path set for /usr/local/cuda-11.8",
+    }
+    # A record resolved before stacks named their CUDA's source is a runfile one.
+    legacy = {"name": "tf2.12", "cuda_toolkit": {"root": "/usr/local/cuda-11.8"}}
+    assert gpu_loader.gpu_system_cuda(legacy) == gpu_loader.gpu_system_cuda(RUNFILE)
+
+
+def test_a_wheels_default_puts_no_cuda_on_the_system_paths():
+    """Its wheels' folders stay its own (the stack's environment file), never the system's."""
+    assert gpu_loader.gpu_system_cuda(WHEELS) == {
+        "home": None,
+        "bin": [],
+        "lib": [],
+        "text": "no system CUDA: the default stack tf2.18 takes CUDA from NVIDIA's wheels in its venv",
+    }
+
+
+@pytest.mark.parametrize(
+    ("stack", "message"),
+    [
+        ({"name": "x", "cuda_toolkit": {"source": "conda", "root": None}}, "unknown CUDA source 'conda'"),
+        ({"name": "x", "cuda_toolkit": {"source": "runfile", "root": None}}, "a runfile CUDA without a toolkit root"),
+        ({"name": "x"}, "not a resolved stack"),
+        (None, "not a resolved stack"),
+    ],
+)
+def test_a_stack_that_is_not_resolved_is_named(stack, message):
+    with pytest.raises(AnsibleFilterError, match=message):
+        gpu_loader.gpu_system_cuda(stack)

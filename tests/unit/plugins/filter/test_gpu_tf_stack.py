@@ -431,3 +431,148 @@ def test_read_env_takes_the_files_format(tmp_path):
     path = tmp_path / "x.env"
     path.write_text("# c\n\nA=1\n B = two=2 \nnot a pair\n")
     assert tf_stack.read_env(path) == {"A": "1", "B": "two=2"}
+
+
+# --- a stack whose CUDA comes from NVIDIA's wheels (tensorflow[and-cuda]) ---------------------------
+
+# The nvidia-*-cu12 wheels' folders under site-packages, in the order of the resolved record's library_dirs.
+WHEEL_FOLDERS = (
+    "cuda_runtime", "cublas", "cudnn", "cufft", "curand", "cusolver", "cusparse", "nccl", "nvjitlink", "cuda_cupti",
+    "cuda_nvrtc",
+)  # fmt: skip
+
+
+def wheels_resolved(name: str, venv: Path, site: Path) -> dict:
+    """A stack whose CUDA comes from NVIDIA's wheels, as gpu_stacks_resolve returns it (the fields the filters read)."""
+    return {
+        "name": name,
+        "venv": str(venv),
+        "tensorflow": {"version": "2.18.1", "series": "2.18", "package": "tensorflow[and-cuda]"},
+        "python": {"version": "3.11.2"},
+        "cuda_toolkit": {
+            "source": "wheels",
+            "version": "12.5",
+            "series": "12.5",
+            "root": None,
+            "nvcc_version": None,
+            "cudart_soname": "libcudart.so.12",
+            "min_driver": "525.60.13",
+            "runfile": None,
+            "site_packages": str(site),
+            "library_dirs": [f"{site}/nvidia/{folder}/lib" for folder in WHEEL_FOLDERS],
+        },
+        "cudnn": {"source": "wheels", "version": "9.3", "short": "9.3", "series": "9.3", "major": 9, "archive": None},
+    }
+
+
+def test_a_wheels_stack_env_binds_the_venvs_nvidia_folders_and_names_no_system_cuda():
+    site = "/opt/tensorflow/2.18/lib/python3.11/site-packages"
+    env = gpu_tf_stack_env(wheels_resolved("tf2.18", Path("/opt/tensorflow/2.18"), Path(site)))
+    assert "CUDA_HOME" not in env
+    assert env["LD_LIBRARY_PATH"].split(":") == [f"{site}/nvidia/{folder}/lib" for folder in WHEEL_FOLDERS]
+    assert env["XLA_FLAGS"] == f"--xla_gpu_cuda_data_dir={site}/nvidia/cuda_nvcc"
+    assert env["PATH"] == "/opt/tensorflow/2.18/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+    assert "cuda" not in env["PATH"]
+    assert (env["TF_STACK_CUDA"], env["TF_STACK_CUDNN"], env["TF_STACK_CUDART"], env["TF_STACK_CUDNN_SONAME"]) == (
+        "12.5",
+        "9.3",
+        "libcudart.so.12",
+        "libcudnn.so.9",
+    )
+    assert env["TF_STACK_PACKAGE"] == "tensorflow[and-cuda]"
+
+
+def test_a_wheels_stacks_kernel_says_its_cuda_comes_from_wheels():
+    stack = wheels_resolved("tf2.18", Path("/opt/tensorflow/2.18"), Path("/opt/tensorflow/2.18/site"))
+    spec = gpu_tf_kernel_spec(stack, "/usr/local/bin/tf-stack")
+    assert spec["display_name"] == "TensorFlow 2.18.1 (tf2.18: CUDA 12.5 wheels, cuDNN 9.3)"
+    assert spec["argv"][:4] == ["/usr/local/bin/tf-stack", "run", "tf2.18", "--"] and "env" not in spec
+
+
+WHEELS_PROBE = (
+    "import ctypes, json\n"
+    "rt = ctypes.CDLL('libcudart.so.12')\n"
+    "dnn = ctypes.CDLL('libcudnn.so.9'); dnn.cudnnGetVersion.restype = ctypes.c_size_t\n"
+    "maps = sorted({l.split()[-1] for l in open('/proc/self/maps') if 'libcud' in l})\n"
+    "print(json.dumps({'cudnn': dnn.cudnnGetVersion(), 'files': maps}))\n"
+)
+
+
+@pytest.fixture(scope="module")
+def wheels_host(tmp_path_factory) -> dict:
+    """A venv holding NVIDIA's wheel layout (libcudart.so.12 and cuDNN 9.3 as the wheels ship them: the soname
+    files themselves), bound as tf_venv binds it, listed in a registry; and a system CUDA 12 folder with the same
+    sonames (another cuDNN 9), the kind a user puts on LD_LIBRARY_PATH."""
+    base = tmp_path_factory.mktemp("wheels")
+    builder = load_builder().Builder(base / "build", force=True, driver_cuda_override=None)
+    venv = base / "venvs" / "tf2.18"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = Path(
+        subprocess.run(
+            [venv / "bin" / "python", "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    )
+    system = base / "system-cuda" / "lib64"
+    for folder, cudnn in ((site / "nvidia" / "cudnn" / "lib", 90300), (system, 90100)):
+        defines = {"STANDIN_CUDNN_VERSION": str(cudnn), "STANDIN_CUDART_VERSION": "12050"}
+        builder.compile_lib("libcudnn.c", folder / "libcudnn.so.9", "libcudnn.so.9", defines)
+    for folder in (site / "nvidia" / "cuda_runtime" / "lib", system):
+        builder.compile_lib(
+            "libcudart.c", folder / "libcudart.so.12", "libcudart.so.12", {"STANDIN_CUDART_VERSION": "12050"}
+        )
+    (site / "_tf_stack.py").write_bytes(TF_STACK_FILE.read_bytes())
+    (site / "tf_stack.pth").write_text(PTH_LINE)
+    env = gpu_tf_stack_env(wheels_resolved("tf2.18", venv, site))
+    (venv / "tf-stack.env").write_text("".join(f"{key}={value}\n" for key, value in env.items()))
+    registry = base / "etc-tf-stacks"
+    registry.mkdir()
+    (registry / "tf2.18.env").symlink_to(venv / "tf-stack.env")
+    return {"venv": venv, "site": site, "system": system, "registry": registry, "env": env}
+
+
+def assert_wheels_loaded(found: dict, wheels_host: dict) -> None:
+    assert found["cudnn"] == 90300, found
+    assert [Path(path).parent for path in found["files"]] == [
+        wheels_host["site"] / "nvidia" / "cuda_runtime" / "lib",
+        wheels_host["site"] / "nvidia" / "cudnn" / "lib",
+    ], found["files"]
+
+
+def test_tf_stack_run_puts_the_wheels_ahead_of_the_users_system_cuda(wheels_host):
+    user = {"LD_LIBRARY_PATH": f"{wheels_host['system']}:/opt/site/lib", "TF_STACK_BIND": "0"}
+    run = ["run", "tf2.18", "--"]
+    done = tf_stack_cli({"registry": wheels_host["registry"]}, *run, "python", "-c", WHEELS_PROBE, env=user)
+    assert done.returncode == 0, done.stderr
+    assert_wheels_loaded(json.loads(done.stdout), wheels_host)
+    seen = tf_stack_cli({"registry": wheels_host["registry"]}, *run, "sh", "-c", 'echo "$LD_LIBRARY_PATH"', env=user)
+    assert seen.stdout.strip().split(":") == wheels_host["env"]["LD_LIBRARY_PATH"].split(":") + [
+        str(wheels_host["system"]),
+        "/opt/site/lib",
+    ]
+
+
+def test_the_wheels_venvs_own_python_loads_the_wheels_under_a_system_cuda(wheels_host):
+    python = wheels_host["venv"] / "bin" / "python"
+    found = probe_code(python, WHEELS_PROBE, {"LD_LIBRARY_PATH": str(wheels_host["system"])})
+    assert_wheels_loaded(found, wheels_host)
+
+
+def test_tf_stack_list_finds_a_wheels_stacks_libraries_in_its_venv(wheels_host, tmp_path):
+    done = tf_stack_cli({"registry": wheels_host["registry"]}, "list", "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert [row["TF_STACK_HEALTH"] for row in json.loads(done.stdout)["stacks"]] == ["ok"]
+    (tmp_path / "tf2.18.env").write_text(
+        (wheels_host["venv"] / "tf-stack.env").read_text().replace("nvidia/cudnn/lib", "nvidia/gone/lib")
+    )
+    broken = tf_stack_cli({"registry": tmp_path}, "list", "--json")
+    health = json.loads(broken.stdout)["stacks"][0]["TF_STACK_HEALTH"]
+    assert broken.returncode == 1 and health == f"libcudnn.so.9 missing in {wheels_host['site']}/nvidia/*"
+
+
+def probe_code(python: Path, code: str, env: dict) -> dict:
+    done = subprocess.run([str(python), "-c", code], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
