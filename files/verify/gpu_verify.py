@@ -660,11 +660,11 @@ def cuda_section(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def stack_sections(args: argparse.Namespace) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
-    """The ``default`` section (the default stack's pointers, ``--default-symlink``; a stack of NVIDIA's
-    wheels has no tree to point at) and the ``kernel`` section (the stack's Jupyter kernel, ``--kernel-dir``),
-    None where not asked for or not expected; each with its ``problems``."""
+    """The ``default`` section (the default stack's pointers, ``--default-symlink``: for a stack of NVIDIA's wheels,
+    root None, that no system CUDA is served) and the ``kernel`` section (the stack's Jupyter kernel,
+    ``--kernel-dir``), None where not asked for or not expected; each with its ``problems``."""
     root = cuda_root(args)
-    default = pointers.check(root, args.default_symlink) if args.default_symlink and root else None
+    default = pointers.check(root, args.default_symlink) if args.default_symlink else None
     jupyter = None
     if args.kernel_dir and (root or args.library_dir) and args.expect_cuda and args.expect_cudnn:
         jupyter = kernel.check(

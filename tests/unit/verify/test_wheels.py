@@ -112,13 +112,15 @@ def _args(*extra: str) -> Any:
 
 def test_a_wheels_stack_has_no_tree_and_its_kernel_is_held_to_the_wheels(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: dict[str, Any] = {}
-    monkeypatch.setattr(gpu_verify.pointers, "check", lambda *a: pytest.fail("a wheels stack has no tree to point at"))
+    # A wheels default: the pointers are checked for no system CUDA (root None).
+    monkeypatch.setattr(gpu_verify.pointers, "check", lambda *a: seen.setdefault("pointers", a) and None)
     monkeypatch.setattr(gpu_verify.kernel, "check", lambda *a: seen.setdefault("kernel", a) and None)
     wheel_args = ["--cuda-source", "wheels", *(a for d in DIRS for a in ("--library-dir", d))]
     args = _args(*wheel_args, "--default-symlink", "/usr/local/cuda", "--kernel-dir", "/k")
     assert gpu_verify.cuda_section(args) == {"source": "wheels", "root": None, "library_dirs": DIRS}
     assert gpu_verify.stack_sections(args) == (None, None)
     assert seen["kernel"] == ("tf218", "/k", None, "12.5", "9.3", DIRS)
+    assert seen["pointers"] == (None, "/usr/local/cuda")
     # A runfile stack as before: its tree, /usr/local/cuda-<X.Y> without --cuda-root.
     assert gpu_verify.cuda_section(_args()) == {"source": "runfile", "root": "/usr/local/cuda-12.5", "library_dirs": []}
 
