@@ -47,6 +47,7 @@ CONTEXTS = {  # @venv@, @name@, @other@ (the other stack's name) and @arg@ (the 
     "under the other stack's environment": "tf-stack run @other@ -- @venv@/bin/python -c @arg@",
     "sudo to another user": "sudo -u nobody @venv@/bin/python -c @arg@",
     "activated shell": "sh -c @activated@",
+    "login shell (the default stack's profile)": "bash -lc @login@",
     "tf-stack run": "tf-stack run @name@ -- python -c @arg@",
 }
 
@@ -58,7 +59,8 @@ def test_each_venv_loads_its_own_toolkit_in_every_context(host, name, context):
     other = next(key for key in STACKS if key != name)
     arg = shlex.quote(probe(name))
     activated = shlex.quote(f". {venv}/bin/activate && python -c {arg}")
-    command = CONTEXTS[context].replace("@activated@", activated).replace("@arg@", arg)
+    login = shlex.quote(f"{venv}/bin/python -c {arg}")
+    command = CONTEXTS[context].replace("@activated@", activated).replace("@login@", login).replace("@arg@", arg)
     command = command.replace("@venv@", venv).replace("@name@", name).replace("@other@", other)
     out = host.run(command)
     assert out.rc == 0, out.stderr
