@@ -60,6 +60,20 @@ LIBCUDA = "/usr/lib/x86_64-linux-gnu/libcuda.so.520.61.05"
 SITE_PACKAGES = f"{VENV}/lib/python3.11/site-packages"
 RUN_LIMIT = 600  # seconds: a run that neither reaches its point nor ends is killed and fails
 
+# A test fixture put first on the container's PATH for one run: a bare ``ldconfig`` (the refresh) waits
+# for the kill once /etc/ld.so.conf.d/gpu-env.conf exists, so the kill lands before the cache is
+# refreshed however late the test reads the task's header; cuDNN's earlier refresh (no gpu-env.conf yet)
+# and ``ldconfig -p`` go to the real ldconfig.
+HELD_LDCONFIG = "/usr/local/sbin/ldconfig"
+HOLD_LDCONFIG = f"""cat > {HELD_LDCONFIG} <<'END'
+#!/bin/sh
+if [ "$#" -eq 0 ] && [ -e /etc/ld.so.conf.d/gpu-env.conf ]; then
+    while :; do sleep 1; done
+fi
+exec /usr/sbin/ldconfig "$@"
+END
+chmod 755 {HELD_LDCONFIG}"""
+
 # Kills every process of the container but its init (PID 1) and the container's command.
 KILL_IN_CONTAINER = """
 import os
@@ -85,6 +99,7 @@ class Point:
     marker: str
     ready: Callable[[str], bool] | None = None
     slow_after: str | None = None  # output line start after which the stand-ins are made slow
+    hold_ldconfig: bool = False  # a bare ldconfig waits once gpu_env's configuration is written (HOLD_LDCONFIG)
 
 
 @dataclass
@@ -188,6 +203,8 @@ def play(
 ) -> Run:
     """Run ``playbook`` (site.yml unless told) with ``extra`` arguments to its end, or until
     ``point`` and kill it there; the slow setting is removed before this returns."""
+    if point and point.hold_ldconfig:
+        assert sh(host, HOLD_LDCONFIG).returncode == 0, "could not put the held ldconfig in place"
     started = time.time()
     proc = _start(inventory, reports, playbook, extra)
     watchdog = threading.Timer(RUN_LIMIT, _kill, (proc, host))
@@ -212,7 +229,7 @@ def play(
         proc.wait()
     finally:
         watchdog.cancel()
-        sh(host, f"rm -f {SLOW}")
+        sh(host, f"rm -f {SLOW} {HELD_LDCONFIG}")
     run = Run("".join(lines), proc.returncode, started)
     what = f"killed at {point.marker}" if point else "run to its end"
     print(f"{time.time() - started:6.1f}s  {playbook} {' '.join(extra)}: {what} ({', '.join(plays)})", flush=True)
@@ -310,6 +327,10 @@ def pip_half_done(host: str) -> bool:
     return 6 <= installed < named
 
 
+def ldconfig_held(host: str) -> bool:
+    return running(host, "[u]sr/local/sbin/ldconfig")
+
+
 def fit_running(host: str) -> bool:
     return running(host, "[g]pu_verify.py")
 
@@ -351,7 +372,7 @@ def first_pass(host: str, inventory: Path, reports: Path) -> None:
     assert not exists(host, f"{CUDA}/.gpu_fleet_cudnn.done")
 
     # Killed after /etc/ld.so.conf.d/gpu-env.conf is written and before any ldconfig has read it.
-    run = play(host, inventory, reports, Point(ENV_CACHE))
+    run = play(host, inventory, reports, Point(ENV_CACHE, ldconfig_held, hold_ldconfig=True))
     assert run.status(CUDNN_COPY) == "changed", "the interrupted cuDNN copy was taken as complete"
     assert exists(host, "/etc/ld.so.conf.d/gpu-env.conf")
     assert f"{CUDA}/lib64/" not in sh(host, "ldconfig -p").stdout, "precondition: the cache lacks the toolkit"
