@@ -863,8 +863,9 @@ def _resolve_runfile(
 
 
 def _check_wheels_pin(name: str, pin: dict, tf: dict, matrix: dict) -> list[Problem]:
-    """What ``cuda_source: wheels`` allows besides TensorFlow's series: not a release the matrix refuses for it (``cuda_wheels.refused``, notes in ``known_bad``), the ``tensorflow`` package, and the CUDA and
-    cuDNN the extra pins (TensorFlow's build, the matrix row)."""
+    """What ``cuda_source: wheels`` allows besides TensorFlow's series: not a release the matrix refuses for it
+    (``cuda_wheels.refused``, notes in ``known_bad``), the ``tensorflow`` package, and the CUDA and cuDNN the
+    extra pins (TensorFlow's build, the matrix row)."""
     wheels = matrix["cuda_wheels"]
     problems = []
     if tf["version"] in wheels["refused"]:
