@@ -491,6 +491,16 @@ CASES = [
             "Fix: set gpu_slurm_gres_type to a name such as 'a100'",
         ),
     ),
+    # Debian's own driver packages on a host whose sources give bookworm only main (the sandbox image's).
+    Case(
+        "distribution_sources_without_non_free",
+        {"nvidia_driver_method": "distribution", "nvidia_driver_version": "535.261.03"},
+        (
+            "The apt sources of bad-distribution_sources_without_non_free give bookworm the components main",
+            "need contrib non-free non-free-firmware as well",
+            "set nvidia_driver_distribution_sources_manage: true",
+        ),
+    ),
 ]
 
 
