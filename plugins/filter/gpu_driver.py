@@ -22,6 +22,7 @@ Each filter is documented in ``<filter name>.yml`` beside this file.
 from __future__ import annotations
 
 import re
+from fnmatch import fnmatchcase
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
@@ -40,7 +41,8 @@ OS_KEYS = ("Debian-12", "Ubuntu-22", "Ubuntu-24", "RedHat-9")
 # What a package set must define, and how each package manager writes "this name at this version".
 SET_FIELDS = ("manager", "version", "userspace", "kernel", "fabricmanager", "fabricmanager_service", "hold")
 VERSION_SPEC = {"apt": "{name}={version}", "dnf": "{name}-{version}"}
-METHODS = ("package", "runfile")
+# package: NVIDIA's repository; distribution: the distribution's own archive (gpu_driver_distribution.py).
+METHODS = ("package", "runfile", "distribution")
 # Each package manager's refresh of its package lists, and a dry run of an install that changes nothing
 # but fails as the install would (apt-get(8) "-s, --simulate"; dnf(8) "--setopt=tsflags=test" runs the
 # transaction check only).
@@ -90,14 +92,15 @@ def gpu_driver_module_version(text: str | None) -> str | None:
     return parse_proc_driver_version(text)
 
 
-def gpu_driver_os_key(facts: dict[str, Any] | None) -> str | None:
-    """``{{ ansible_facts | gpu_fleet.tf_hosts.gpu_driver_os_key }}``: ``<distribution>-<major>``
+def gpu_driver_os_key(facts: dict[str, Any] | None, keys: Any = None) -> str | None:
+    """``{{ ansible_facts | gpu_fleet.tf_hosts.gpu_driver_os_key(keys) }}``: ``<distribution>-<major>``
     (``Debian-12``, ``Ubuntu-22``, ``RedHat-9``; Rocky and AlmaLinux take RedHat's), or None when no
-    package set serves the host."""
+    package set serves the host: one of ``keys`` (the keys of a package-set file; NVIDIA's repository sets,
+    ``OS_KEYS``, by default)."""
     facts = facts or {}
     distribution = str(facts.get("distribution") or "")
     key = f"{OS_ALIASES.get(distribution, distribution)}-{facts.get('distribution_major_version')}"
-    return key if key in OS_KEYS else None
+    return key if key in (OS_KEYS if keys is None else list(keys)) else None
 
 
 def _flag(value: Any, name: str) -> bool:
@@ -148,11 +151,14 @@ def _branch(version: Any, os_key: str, package_set: dict) -> str:
     return branch
 
 
-def _wanted(package_set: dict, kind: str, version: str, kernel: bool, fabricmanager: bool) -> list[tuple[str, str]]:
-    """(name template, package version) of every package to install, in install order."""
-    driver = package_set["version"].format(version=version)
-    fabric = package_set.get("fabricmanager_version", package_set["version"]).format(version=version)
-    groups = [(package_set["userspace"], driver)]
+def _wanted(
+    package_set: dict, kind: str, version: str, kernel: bool, fabricmanager: bool, revision: str = "*"
+) -> list[tuple[str, str]]:
+    """(name template, package version) of every package to install, in install order; the set's ``unpinned``
+    names (a package versioned apart from the driver, such as Debian's nvidia-persistenced) get version ''."""
+    driver = package_set["version"].format(version=version, revision=revision)
+    fabric = package_set.get("fabricmanager_version", package_set["version"]).format(version=version, revision=revision)
+    groups = [(package_set["userspace"], driver), (package_set.get("unpinned") or [], "")]
     if kernel:
         groups.append((package_set["kernel"][kind], driver))
     if fabricmanager:
@@ -163,7 +169,8 @@ def _wanted(package_set: dict, kind: str, version: str, kernel: bool, fabricmana
 def _any_branch_pattern(package_set: dict) -> str:
     """A regular expression for every package name the set can give, of any branch and module kind."""
     kernel = package_set.get("kernel") or {}
-    templates = [*package_set["userspace"], *kernel.get("proprietary", []), *kernel.get("open", [])]
+    templates = [*package_set["userspace"], *(package_set.get("unpinned") or [])]
+    templates += [*kernel.get("proprietary", []), *kernel.get("open", [])]
     templates += package_set["fabricmanager"]
     names = sorted({re.escape(name).replace(re.escape("{branch}"), r"\d+") for name in templates})
     return "^(" + "|".join(names) + ")$"
@@ -176,6 +183,7 @@ def gpu_driver_packages(
     kernel_modules: Any,
     kernel_open: Any = False,
     fabricmanager: Any = False,
+    revision: str = "*",
 ) -> dict[str, Any]:
     """``{{ __sets | gpu_fleet.tf_hosts.gpu_driver_packages(os_key, version, kernel_modules, kernel_open,
     fabricmanager) }}``: what the package method installs and holds on one host.
@@ -189,7 +197,9 @@ def gpu_driver_packages(
     ``held_command`` the argv that lists the held names (None for versionlock, whose hold command says
     what it added), ``hold_command``/``release_command`` the argv that holds/releases them, ``hold_changed`` the
     regular expression that finds a new hold in the hold command's output and ``any_branch_pattern``
-    one that matches the set's names of any branch and module kind.
+    one that matches the set's names of any branch and module kind; ``kernel_install`` the kernel packages' specs,
+    ``dkms_module`` and ``libcuda`` where the set gives them. ``revision`` fills ``{revision}`` (``*``, any, serves
+    only the installed check); ``unpinned`` names get no version (the archive's) and are held.
 
     Raises:
         AnsibleFilterError: an OS key without a set, an incomplete set, a version that is no driver
@@ -200,11 +210,15 @@ def gpu_driver_packages(
     kind = "open" if _flag(kernel_open, "kernel_open") else "proprietary"
     kernel = _flag(kernel_modules, "kernel_modules")
     with_fabric = _flag(fabricmanager, "fabricmanager")
-    wanted = [(name.format(branch=branch), v) for name, v in _wanted(package_set, kind, version, kernel, with_fabric)]
+    wanted = [
+        (name.format(branch=branch), v)
+        for name, v in _wanted(package_set, kind, version, kernel, with_fabric, str(revision or "*"))
+    ]
     spec = VERSION_SPEC[package_set["manager"]]
     names = [name for name, _version in wanted]
     stream = (package_set.get("module_stream") or {}).get(kind)
-    install = [spec.format(name=name, version=package_version) for name, package_version in wanted]
+    install = [spec.format(name=name, version=v) if v else name for name, v in wanted]
+    kernel_names = [name.format(branch=branch) for name in package_set["kernel"][kind]] if kernel else []
     return {
         "os_key": os_key,
         "manager": package_set["manager"],
@@ -217,6 +231,9 @@ def gpu_driver_packages(
         "module_stream": stream.format(branch=branch) if stream else None,
         "fabricmanager_service": package_set["fabricmanager_service"] if with_fabric else None,
         "repository": dict(package_set.get("repository") or {}),
+        "kernel_install": [spec for name, spec in zip(names, install) if name in kernel_names],
+        "dkms_module": (package_set.get("dkms_module") or {}).get(kind),
+        "libcuda": str(package_set.get("libcuda") or "").format(version=version) or None,
         **_commands(package_set, install, names),
     }
 
@@ -246,10 +263,13 @@ def _commands(package_set: dict, install: list[str], names: list[str]) -> dict[s
 def _installed_at(entries: list[dict], manager: str, version: str) -> bool:
     """Whether one of a package's ``package_facts`` entries is ``version``: apt's carries the whole
     Debian version (with an epoch, ``1:``, when there is one); rpm's the upstream version apart from
-    its release and epoch."""
+    its release and epoch. ``version`` may be a pattern (``535.261.03-*``: any revision) or '' (any version:
+    an unpinned package)."""
     for entry in entries or []:
         found = str(entry.get("version") or "")
-        if found == version or (manager == "apt" and found.split(":", 1)[-1] == version):
+        if not version or found == version or (manager == "apt" and found.split(":", 1)[-1] == version):
+            return True
+        if "*" in version and fnmatchcase(found.split(":", 1)[-1], version):
             return True
     return False
 
@@ -277,7 +297,7 @@ def _recorded(record_text: str | None) -> tuple[str | None, str | None]:
     if method not in METHODS:
         raise AnsibleFilterError(
             f"The driver's completion record {DONE_RECORD} names the install method {method!r} on its second line, "
-            "neither package nor runfile; remove the record and rerun (the driver is then installed again)."
+            "none of package, runfile or distribution; remove the record and rerun (the driver is then installed again)."
         )
     return lines[0], method
 
@@ -301,7 +321,8 @@ def gpu_driver_method(
     request = str(requested).strip().lower()
     if request not in ("auto", *METHODS):
         raise AnsibleFilterError(
-            f"nvidia_driver_method is {requested!r}; set it to auto (keep the method the host has), package or runfile."
+            f"nvidia_driver_method is {requested!r}; set it to auto (keep the method the host has), package, runfile "
+            "or distribution."
         )
     version, recorded = _recorded(record_text)
     current = "runfile" if _flag(runfile_present, "runfile_present") else recorded
@@ -416,6 +437,17 @@ MESSAGES: dict[str, Message] = {
         "Check that the repository ({url}) has driver {version} for this OS, or pin a version it has. Nothing was "
         "changed on the driver.",
     ),
+    "distribution_uninstallable": Message(
+        "The distribution's driver packages {packages} cannot be installed here: {error}.",
+        "Fix what apt names (a component the sources lack, a held or conflicting package), or pin a version the "
+        "archive has. Nothing was changed on the driver.",
+    ),
+    "packages_failed_after_runfile": Message(
+        "The runfile driver was uninstalled, then the {method} method's packages failed to install ({error}): {host} "
+        "has no NVIDIA driver now, and nothing records one as installed.",
+        "Fix what the package manager names and rerun: the packages are installed again, no runfile needed (`dpkg "
+        "--audit` lists a half-installed package). To go back instead, set nvidia_driver_method: runfile and rerun.",
+    ),
     "gpus_busy": Message(
         "The driver would be (re)installed while GPUs run compute processes: {processes}.",
         "Drain the host (stop those jobs) and rerun, or set nvidia_driver_allow_busy_gpus: true to go ahead anyway.",
@@ -435,7 +467,11 @@ MESSAGES: dict[str, Message] = {
     ),
 }
 # Where each install method's own account of a failed install is.
-INSTALL_LOGS = {"runfile": "/var/log/nvidia-installer.log", "package": "the package manager's output above"}
+INSTALL_LOGS = {
+    "runfile": "/var/log/nvidia-installer.log",
+    "package": "the package manager's output above",
+    "distribution": "the package manager's output above",
+}
 
 
 def gpu_driver_message(name: str, fields: dict[str, Any] | None = None) -> str:
@@ -507,6 +543,7 @@ def gpu_driver_found(look: dict[str, Any], inputs: dict[str, Any]) -> dict[str, 
     """What the driver probe (one ``gpu_host_probe`` result) says against the pins, in one place.
 
     ``inputs``: ``decided`` (the ``gpu_driver_method`` result), ``version`` (the pinned driver), ``libdir``,
+    ``libcuda`` (the pinned library where the method puts it; default ``<libdir>/libcuda.so.<version>``),
     ``done_file`` (the completion record), ``proc_version`` (``/proc/driver/nvidia/version``), ``manage_kernel``,
     ``reboot_allowed``, ``packages`` (the ``gpu_driver_packages`` result, empty unless the method is package) and
     ``installed_packages`` (``ansible_facts['packages']``).
@@ -520,9 +557,11 @@ def gpu_driver_found(look: dict[str, Any], inputs: dict[str, Any]) -> dict[str, 
     record = str(read.get(inputs.get("done_file")) or "").split()
     method = decided.get("method")
     packages = inputs.get("packages") or {}
-    missing = gpu_driver_missing_packages(packages, inputs.get("installed_packages")) if method == "package" else []
+    with_packages = method in ("package", "distribution")
+    missing = gpu_driver_missing_packages(packages, inputs.get("installed_packages")) if with_packages else []
+    libcuda = inputs.get("libcuda") or f"{libdir}/libcuda.so.{version}"
     installed = (
-        bool((stat.get(f"{libdir}/libcuda.so.{version}") or {}).get("exists"))
+        bool((stat.get(libcuda) or {}).get("exists"))
         and record[:1] == [version]
         and (record[1:2] or ["runfile"]) == [method]
         and not missing
@@ -552,7 +591,7 @@ def gpu_driver_problems(inputs: dict[str, Any]) -> list[str]:
     problems = []
     if inputs.get("method") == "package":
         problems.append(gpu_driver_package_problem(inputs.get("package") or {}))
-    elif _flag(inputs.get("fabricmanager", False), "fabricmanager"):
+    elif inputs.get("method") == "runfile" and _flag(inputs.get("fabricmanager", False), "fabricmanager"):
         problems.append(gpu_driver_message("fabricmanager_runfile", inputs))
     problems.append(str(inputs.get("proxy_problem") or ""))
     return [problem for problem in problems if problem]

@@ -504,6 +504,16 @@ CASES = [
         {"gpu_preflight_stacks": [TF, WHEELS]},
         ("CUDA 12 wheels of TensorFlow 2.18 (CUDA 12.5) need driver >= 525.60.13", "Raise nvidia_driver_version"),
     ),
+    # Debian's own driver packages on a host whose sources give bookworm only main (the sandbox image's).
+    Case(
+        "distribution_sources_without_non_free",
+        {"nvidia_driver_method": "distribution", "nvidia_driver_version": "535.261.03"},
+        (
+            "The apt sources of bad-distribution_sources_without_non_free give bookworm the components main",
+            "need contrib non-free non-free-firmware as well",
+            "set nvidia_driver_distribution_sources_manage: true",
+        ),
+    ),
 ]
 
 

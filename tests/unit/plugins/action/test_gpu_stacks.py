@@ -176,3 +176,19 @@ def test_a_null_input_is_named(tmp_path):
     rc, out, _ = _play(tmp_path, {"gpu_preflight_stacks": TWO, "gpu_preflight_manifest_files": None})
     assert rc != 0
     assert "gpu_preflight_manifest_files is null; leave it out for its default or set it" in " ".join(out.split())
+
+
+def test_the_distributions_driver_packages_need_no_runfile_in_the_manifest(tmp_path):
+    """nvidia_driver_method: distribution is a package method to the stack model: a driver no manifest holds."""
+    variables = {
+        "gpu_preflight_stacks": TWO[1:],
+        "gpu_preflight_stack_registry": _registry(tmp_path),
+        "nvidia_driver_version": "535.261.03",
+        "nvidia_driver_method": "distribution",
+    }
+    rc, out, model = _play(tmp_path, variables)
+    assert rc == 0, out
+    assert model["gpu_preflight_resolved_driver"] == {"version": "535.261.03", "runfile": None}
+    (tmp_path / "runfile").mkdir()
+    rc, out, _ = _play(tmp_path / "runfile", {**variables, "nvidia_driver_method": "runfile"})
+    assert rc != 0 and "535.261.03" in out  # the runfile method needs the driver's runfile in the manifest

@@ -384,6 +384,12 @@ RECORD_PACKAGE = "535.104.05\npackage\n"
         ("runfile", RECORD_0_10, True, "runfile", None),
         ("runfile", RECORD_PACKAGE, False, "runfile", "package"),
         ("RUNFILE", RECORD_PACKAGE, False, "runfile", "package"),
+        # the distribution's own packages asked for, and kept by auto once recorded
+        ("distribution", RECORD_RUNFILE, True, "distribution", "runfile"),
+        ("distribution", RECORD_PACKAGE, False, "distribution", "package"),
+        ("distribution", "535.261.03\ndistribution\n", False, "distribution", None),
+        ("auto", "535.261.03\ndistribution\n", False, "distribution", None),
+        ("runfile", "535.261.03\ndistribution\n", False, "runfile", "distribution"),
     ],
 )
 def test_method_decision(requested, record, uninstaller, method, switch_from) -> None:
@@ -406,7 +412,7 @@ def test_an_unknown_method_is_refused() -> None:
     with pytest.raises(AnsibleFilterError) as error:
         gpu_driver.gpu_driver_method("deb", "", False)
     assert str(error.value) == (
-        "nvidia_driver_method is 'deb'; set it to auto (keep the method the host has), package or runfile."
+        "nvidia_driver_method is 'deb'; set it to auto (keep the method the host has), package, runfile or distribution."
     )
 
 
@@ -415,7 +421,8 @@ def test_a_record_naming_no_method_is_refused() -> None:
         gpu_driver.gpu_driver_method("auto", "535.104.05\nrpm\n", False)
     assert str(error.value) == (
         "The driver's completion record /var/lib/gpu_fleet/nvidia_driver.done names the install method 'rpm' on its "
-        "second line, neither package nor runfile; remove the record and rerun (the driver is then installed again)."
+        "second line, none of package, runfile or distribution; remove the record and rerun (the driver is then "
+        "installed again)."
     )
 
 
