@@ -217,9 +217,7 @@ class ActionModule(ActionBase):
             "default_python": inputs["python"],
             "driver_version": inputs["driver_version"],
             "driver_install": inputs["driver_install"],
-            # The stack model knows the runfile (its runfile must be in the manifest) and packages; the
-            # distribution's own packages need no runfile either.
-            "driver_method": "package" if inputs["driver_method"] == "distribution" else inputs["driver_method"],
+            "driver_method": inputs["driver_method"],
             "current_default": current,
         }
         resolved = gpu_stacks_resolve(

@@ -51,6 +51,8 @@ CUDA_SOURCES = ("runfile", "wheels")
 WHEELS_PACKAGE = "tensorflow[and-cuda]"
 # The roles that install a toolkit tree and the cuDNN in it (runfile, tar archive): a wheels stack has neither.
 TREE_ROLES = ("cuda_toolkit", "cudnn")
+# Driver methods that install packages (NVIDIA's repository, the distribution's archive): no runfile is needed.
+PACKAGE_METHODS = ("package", "distribution")
 STATES = ("present", "absent")
 DEFAULT_VENV_ROOT = "/opt/tensorflow"
 CUDA_ROOT_PREFIX = "/usr/local/cuda-"
@@ -1156,11 +1158,11 @@ def _resolve_absent(pins: list[dict], matrix: dict, stacks: list[dict]) -> tuple
 
 def _pick_driver(manifest: dict, host: dict) -> tuple[dict | None, list[Problem]]:
     """The driver the host gets (``driver_install``) and its runfile, unless it comes from packages
-    (``driver_method: package``: no runfile, so none is needed in the manifest)."""
+    (``driver_method: package`` or ``distribution``: no runfile, so none is needed in the manifest)."""
     driver_text = str(host.get("driver_version") or "")
     if not (host.get("driver_install") and driver_text):
         return None, []
-    if host.get("driver_method") == "package":
+    if host.get("driver_method") in PACKAGE_METHODS:
         return {"version": driver_text, "runfile": None}, []
     picked = _pick_artifact(manifest, "nvidia_driver", driver_text)
     if picked is None or str(picked[1]["version"]) != driver_text:
