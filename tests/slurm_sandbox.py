@@ -52,13 +52,27 @@ def _build(base: str, tag: str, packages: tuple[str, ...]) -> str:
     return tag
 
 
+NODE_REPOSITORY = "localhost/gpu-slurm-node"
+
+
 def controller_image() -> str:
     return _build(IMAGE, CONTROLLER_IMAGE, CONTROLLER_PACKAGES)
 
 
 def node_image(converged: str) -> str:
-    """The converged snapshot with slurmd and munge, tagged by the snapshot's image ID."""
-    return _build(converged, f"localhost/gpu-slurm-node:{_image_id(converged)}", NODE_PACKAGES)
+    """The converged snapshot with slurmd and munge, tagged by the snapshot's image ID. The node images of
+    other snapshots go: each holds its whole converged snapshot (about 6 GB) after tests/snapshots.py pruned it."""
+    tag = _build(converged, f"{NODE_REPOSITORY}:{_image_id(converged)}", NODE_PACKAGES)
+    listed = subprocess.run(
+        ["podman", "images", "--format", "{{.Repository}}:{{.Tag}}", "--filter", f"reference={NODE_REPOSITORY}"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.split()
+    for image in listed:
+        if image != tag:
+            subprocess.run(["podman", "rmi", "-f", image], capture_output=True, check=False)
+    return tag
 
 
 if __name__ == "__main__":  # build both ahead of a test run: python tests/slurm_sandbox.py
