@@ -334,6 +334,15 @@ def gpu_driver_method(
             "replace a packaged driver of the same names) or runfile for this host, or remove the other driver first."
         )
     method = (current or "package") if request == "auto" else request
+    if {current, method} == {"package", "distribution"}:
+        raise AnsibleFilterError(
+            f"This host's driver came from the {current} method's packages and nvidia_driver_method is {method}: "
+            "the role moves a host between the runfile and packages, not between NVIDIA's repository and the "
+            "distribution's archive, whose packages share names at versions apt would mix. Remove the current "
+            "packages first (apt-mark unhold and apt-get purge the driver's packages, remove the role's source file "
+            "under /etc/apt/sources.list.d/ and /var/lib/gpu_fleet/nvidia_driver.done), then run again; or keep "
+            f"nvidia_driver_method: {current}."
+        )
     return {
         "method": method,
         "switch_from": current if current not in (None, method) else None,

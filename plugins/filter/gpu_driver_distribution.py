@@ -97,20 +97,31 @@ def _deb822(lines: list[str]) -> list[dict[str, str]]:
 
 
 def _one_line(lines: list[str]) -> list[dict[str, str]]:
-    """The ``deb`` lines of a one-line-format file, as deb822-like fields (options dropped)."""
+    """The ``deb`` lines of a one-line-format file, as deb822-like fields; the options (``[signed-by=...]``) kept
+    whole in ``options``."""
     entries = []
     for line in lines:
         words = line.split("#", 1)[0].split()
         if not words or words[0] != "deb":
             continue
-        words = words[1:]
+        words, options = words[1:], []
         if words and words[0].startswith("["):
             while words and not words[0].endswith("]"):
-                words = words[1:]
-            words = words[1:]
+                options, words = options + [words[0]], words[1:]
+            options, words = options + words[:1], words[1:]
         if len(words) >= 2:
-            entries.append({"types": "deb", "uris": words[0], "suites": words[1], "components": " ".join(words[2:])})
+            fields = {"uris": words[0], "suites": words[1], "components": " ".join(words[2:])}
+            entries.append({"types": "deb", "options": " ".join(options), **fields})
     return entries
+
+
+def _options(entry: dict[str, str]) -> str:
+    """The options a line of the same mirror must repeat: apt refuses two entries of one mirror and suite whose
+    ``Signed-By`` differ (sources.list(5), "Signed-By")."""
+    if entry.get("options"):
+        return entry["options"]
+    signed_by = entry.get("signed-by", "")
+    return f"[signed-by={signed_by}]" if signed_by and not any(c.isspace() for c in signed_by) else ""
 
 
 def _files(lines: list[str], exclude: str) -> dict[str, list[str]]:
@@ -131,6 +142,7 @@ def gpu_driver_apt_components(lines: list[str] | None, suite: str, exclude: str 
     sees what the host has without it). Returns ``{components, sites}``, each sorted and without repeats."""
     components: set[str] = set()
     sites: list[str] = []
+    options: list[str] = []  # of the first site's entry
     for path, text in _files(lines or [], exclude).items():
         for entry in _deb822(text) if path.endswith(".sources") else _one_line(text):
             if entry.get("enabled", "yes").lower() == "no" or "deb" not in entry.get("types", "").split():
@@ -138,8 +150,9 @@ def gpu_driver_apt_components(lines: list[str] | None, suite: str, exclude: str 
             if suite not in entry.get("suites", "").split():
                 continue
             components.update(entry.get("components", "").split())
+            options += [] if sites else [_options(entry)]
             sites += [uri.rstrip("/") for uri in entry.get("uris", "").split() if uri.rstrip("/") not in sites]
-    return {"components": sorted(components), "sites": sites}
+    return {"components": sorted(components), "sites": sites, "options": options[0] if options else ""}
 
 
 def gpu_driver_distribution_problem(inputs: dict[str, Any]) -> str:
@@ -182,7 +195,8 @@ def gpu_driver_distribution_sources(found: dict[str, Any], suite: str, needed: l
     found = found or {}
     sites = found.get("sites") or []
     missing = [name for name in needed or [] if name not in (found.get("components") or [])]
-    return f"deb {sites[0]} {suite} {' '.join(missing)}\n" if sites and missing else ""
+    options = f"{found['options']} " if found.get("options") else ""
+    return f"deb {options}{sites[0]} {suite} {' '.join(missing)}\n" if sites and missing else ""
 
 
 def _upstream(version: str) -> str:

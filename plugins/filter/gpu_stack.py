@@ -192,6 +192,19 @@ MESSAGES: dict[str, Message] = {
         "TensorFlow {version} with cuda_source: wheels: {note}",
         'Pin TensorFlow {instead} (or its series, "{series}", which takes {latest}).',
     ),
+    "package_extras_runfile": Message(
+        "cuda",
+        "Package {package!r} brings NVIDIA's CUDA wheels into the venv, but the stack's CUDA comes from the runfile "
+        "tree; the venv would load a mix of both.",
+        "Set cuda_source: wheels for TensorFlow's [and-cuda] extra, or name the package without the extra.",
+    ),
+    "wheels_matrix_missing": Message(
+        "cuda",
+        "The version matrix (gpu_preflight_matrix_file) has no cuda_wheels section, which cuda_source: wheels reads (the first "
+        "TensorFlow with the [and-cuda] extra, the releases refused, the wheels' library folders).",
+        "Copy the cuda_wheels section of the collection's data/version_matrix.yml into your matrix "
+        "(gpu_preflight_matrix_file).",
+    ),
     "wheels_package": Message(
         "cuda",
         "Package {package!r} has no [and-cuda] extra; only the tensorflow package brings NVIDIA's CUDA wheels.",
@@ -199,8 +212,8 @@ MESSAGES: dict[str, Message] = {
     ),
     "wheels_pin": Message(
         "cuda",
-        "cuda_source: wheels takes the {key} TensorFlow {series}'s [and-cuda] extra pins ({built}); the stack pins "
-        "{key} {pin}.",
+        "cuda_source: wheels takes the {key} TensorFlow {series}'s [and-cuda] extra pins ({built}, its exact release "
+        "from the stack's lock); the stack pins {key} {pin}.",
         'Leave {key} out for cuda_source: wheels (or pin {key} "{built}"); another {key} release needs '
         "cuda_source: runfile.",
     ),
@@ -856,7 +869,10 @@ def _resolve_runfile(
     TensorFlow's build and the driver."""
     cuda_pin = str(pin.get("cuda") or tf["built_cuda"])
     cudnn_pin = str(pin.get("cudnn") or tf["built_cudnn"])
-    cuda, problems = _resolve_cuda(name, tf, cuda_pin, matrix, manifest)
+    package = str(pin.get("package") or "")
+    problems = [_problem(name, "package_extras_runfile", package=package)] if "[" in package else []
+    cuda, found = _resolve_cuda(name, tf, cuda_pin, matrix, manifest)
+    problems += found
     cudnn, found = _resolve_cudnn(name, tf, cudnn_pin, cuda_pin, manifest)
     problems += found
     problems += _check_driver(name, tf, cuda, str(host.get("driver_version") or ""), matrix, manifest)
@@ -872,15 +888,16 @@ def _check_wheels_pin(name: str, pin: dict, tf: dict, matrix: dict) -> list[Prob
     problems = []
     if tf["version"] in wheels["refused"]:
         latest = str(matrix["tensorflow"][tf["series"]]["latest"])
-        note = str(matrix["known_bad"][tf["version"]]).strip()
+        note = str(matrix.get("known_bad", {}).get(tf["version"]) or "listed under cuda_wheels.refused").strip()
         fields = {"version": tf["version"], "note": note, "series": tf["series"], "latest": latest}
         problems.append(_problem(name, "wheels_release_refused", instead=latest, **fields))
     package = pin.get("package")
-    if package and package != "tensorflow":
+    if package and package not in ("tensorflow", WHEELS_PACKAGE):
         problems.append(_problem(name, "wheels_package", package=package))
+    # Only X.Y: the lock, not the pin, decides the exact releases of NVIDIA's wheels.
     for key, built in (("cuda", tf["built_cuda"]), ("cudnn", tf["built_cudnn"])):
         value = str(pin.get(key) or "")
-        if value and not (_well_formed(key, value) and _series(value) == built):
+        if value and value != built:
             problems.append(_problem(name, "wheels_pin", key=key, pin=value, built=built, series=tf["series"]))
     return problems
 
@@ -926,6 +943,8 @@ def _resolve_wheels(
     name: str, pin: dict, tf: dict, python: dict, matrix: dict, host: dict
 ) -> tuple[dict | None, dict | None, list[Problem]]:
     """A stack whose CUDA and cuDNN come from NVIDIA's wheels in its venv (``tensorflow[and-cuda]``)."""
+    if not isinstance(matrix.get("cuda_wheels"), dict):
+        return None, None, [_problem(name, "wheels_matrix_missing")]
     floor = str(matrix["cuda_wheels"]["min_tensorflow"])
     if _v(tf["series"]) < _v(floor):
         return None, None, [_problem(name, "wheels_tensorflow_too_old", series=tf["series"], floor=floor)]
@@ -968,6 +987,8 @@ def resolve_stack(pin: dict, matrix: dict, manifest: dict, host: dict) -> dict:
     problems = _check_tensorflow_release(name, tf_pin, tf_row)
     if problems:
         return {"ok": False, "stack": None, "problems": problems, "warnings": []}
+    if str(pin.get("cuda_source") or "runfile") not in CUDA_SOURCES:
+        return {"ok": False, "stack": None, "problems": [], "warnings": []}  # _check_pin_values names it
     wheels = cuda_source(pin) == "wheels"
     tf = _tensorflow_record(pin, tf_row, wheels)
     python = {"path": pin.get("python") or host["default_python"], "version": str(host.get("python_version", ""))}

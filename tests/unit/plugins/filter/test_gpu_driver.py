@@ -386,7 +386,6 @@ RECORD_PACKAGE = "535.104.05\npackage\n"
         ("RUNFILE", RECORD_PACKAGE, False, "runfile", "package"),
         # the distribution's own packages asked for, and kept by auto once recorded
         ("distribution", RECORD_RUNFILE, True, "distribution", "runfile"),
-        ("distribution", RECORD_PACKAGE, False, "distribution", "package"),
         ("distribution", "535.261.03\ndistribution\n", False, "distribution", None),
         ("auto", "535.261.03\ndistribution\n", False, "distribution", None),
         ("runfile", "535.261.03\ndistribution\n", False, "runfile", "distribution"),
@@ -868,3 +867,12 @@ def test_messages_of_the_install_word_for_word():
         "The loaded NVIDIA kernel module is not 535.104.05 (NVRM x). Reboot the host, or set "
         "nvidia_driver_reboot_allowed: true to let the run do it."
     )
+
+
+@pytest.mark.parametrize(("requested", "record"), [("distribution", "package"), ("package", "distribution")])
+def test_a_move_between_nvidias_repository_and_the_distributions_archive_stops_with_the_steps(requested, record):
+    text = RECORD_PACKAGE.replace("package", record)
+    with pytest.raises(AnsibleFilterError) as raised:
+        gpu_driver.gpu_driver_method(requested, text, False)
+    assert f"came from the {record} method's packages" in str(raised.value)
+    assert f"keep nvidia_driver_method: {record}" in str(raised.value)

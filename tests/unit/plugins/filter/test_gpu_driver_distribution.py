@@ -159,6 +159,9 @@ def test_components_are_read_from_both_formats_without_comments_sources_disabled
     assert distro.gpu_driver_apt_components(SOURCES, "bookworm") == {
         "components": ["main", "non-free-firmware"],
         "sites": ["http://deb.debian.org/debian", "http://mirror.example/debian"],
+        # The first site's options, which a managed line of the same mirror must repeat (apt refuses two
+        # entries of one mirror and suite whose Signed-By differ).
+        "options": "[arch=amd64 signed-by=/usr/share/keyrings/debian.gpg]",
     }
     assert distro.gpu_driver_apt_components(SOURCES, "bookworm", "")["components"] == [
         "contrib",
@@ -166,7 +169,7 @@ def test_components_are_read_from_both_formats_without_comments_sources_disabled
         "non-free",
         "non-free-firmware",
     ]
-    assert distro.gpu_driver_apt_components(SOURCES, "trixie") == {"components": [], "sites": []}
+    assert distro.gpu_driver_apt_components(SOURCES, "trixie") == {"components": [], "sites": [], "options": ""}
 
 
 def problem(found: dict, **over) -> str:
@@ -213,7 +216,8 @@ def test_other_stops_an_unknown_os_nvswitches_and_a_release_without_a_line() -> 
 def test_the_managed_line_adds_only_what_the_hosts_own_lines_lack() -> None:
     found = distro.gpu_driver_apt_components(SOURCES, "bookworm")
     assert distro.gpu_driver_distribution_sources(found, "bookworm", DEBIAN) == (
-        "deb http://deb.debian.org/debian bookworm contrib non-free\n"
+        "deb [arch=amd64 signed-by=/usr/share/keyrings/debian.gpg] http://deb.debian.org/debian bookworm contrib "
+        "non-free\n"
     )
     everything = {"components": ["main", *DEBIAN], "sites": ["http://deb.debian.org/debian"]}
     assert distro.gpu_driver_distribution_sources(everything, "bookworm", DEBIAN) == ""
@@ -296,4 +300,18 @@ def test_the_stops_of_the_install_say_apts_words_and_the_hosts_state() -> None:
         "fetch): gpu1 has no NVIDIA driver now, and nothing records one as installed. Fix what the package manager "
         "names and rerun: the packages are installed again, no runfile needed (`dpkg --audit` lists a half-installed "
         "package). To go back instead, set nvidia_driver_method: runfile and rerun."
+    )
+
+
+def test_a_deb822_signed_by_is_repeated_on_the_managed_line() -> None:
+    lines = [
+        "/etc/apt/sources.list.d/debian.sources:Types: deb",
+        "/etc/apt/sources.list.d/debian.sources:URIs: http://deb.debian.org/debian",
+        "/etc/apt/sources.list.d/debian.sources:Suites: bookworm",
+        "/etc/apt/sources.list.d/debian.sources:Components: main",
+        "/etc/apt/sources.list.d/debian.sources:Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg",
+    ]
+    found = distro.gpu_driver_apt_components(lines, "bookworm")
+    assert distro.gpu_driver_distribution_sources(found, "bookworm", DEBIAN).startswith(
+        "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian bookworm "
     )

@@ -1336,7 +1336,7 @@ def test_wheels_need_the_cuda_major_floor_of_the_driver():
 def test_wheels_refuse_pins_the_extra_does_not_install(extra, named):
     result = _wheels(dict(WHEELS, **extra))
     assert len(result["problems"]) == 1 and named in result["messages"][0], result["messages"]
-    assert _wheels(dict(WHEELS, cuda="12.5", cudnn="9.3.0", package="tensorflow"))["ok"]
+    assert _wheels(dict(WHEELS, cuda="12.5", cudnn="9.3", package="tensorflow"))["ok"]
 
 
 def test_wheels_stacks_share_no_tree_with_each_other_or_a_runfile_stack():
@@ -1361,3 +1361,33 @@ def test_an_absent_wheels_stack_removes_its_venv_and_no_toolkit():
 def test_an_unknown_cuda_source_is_named():
     result = _wheels(dict(WHEELS, cuda_source="conda"))
     assert any("cuda_source 'conda' is neither runfile nor wheels" in m for m in result["messages"])
+
+
+def test_a_runfile_stack_refuses_the_and_cuda_extra_and_a_wheels_stack_takes_it():
+    runfile = _wheels(dict(WHEELS, cuda_source="runfile", package="tensorflow[and-cuda]"), driver=DRIVER_55X)
+    assert any("brings NVIDIA's CUDA wheels into the venv" in m for m in runfile["messages"]), runfile["messages"]
+    assert _wheels(dict(WHEELS, package="tensorflow[and-cuda]"))["ok"]
+
+
+@pytest.mark.parametrize(("key", "pin"), [("cuda", "12.5.1"), ("cudnn", "9.3.1")])
+def test_wheels_take_only_the_series_the_lock_decides_the_release(key, pin):
+    result = _wheels(dict(WHEELS, **{key: pin}))
+    assert [p["check"] for p in result["problems"]] == ["cuda"] and "exact release" in result["messages"][0]
+
+
+def test_a_matrix_without_the_wheels_section_is_named_not_a_crash():
+    matrix = {k: v for k, v in MATRIX.items() if k != "cuda_wheels"}
+    pins = [WHEELS]
+    host = {
+        "python_versions": {DEFAULT_PYTHON: "3.11.2"},
+        "default_python": DEFAULT_PYTHON,
+        "driver_version": "535.104.05",
+        "driver_install": True,
+    }
+    result = gpu_stack.resolve_stacks(pins, matrix, _manifest(**DRIVER_535), host)
+    assert any("has no cuda_wheels section" in m for m in result["messages"]), result["messages"]
+
+
+def test_an_unknown_cuda_source_is_the_only_problem_named():
+    result = _wheels(dict(WHEELS, cuda_source="Wheels"))
+    assert [p["check"] for p in result["problems"]] == ["cuda"], result["messages"]

@@ -86,3 +86,12 @@ def test_a_switch_to_a_wheels_default_removes_our_link_and_a_switch_back_makes_i
 def test_a_wheels_default_on_a_host_without_the_link_changes_nothing(tmp_path):
     left = converge(tmp_path, [stack("tf2.18", "wheels", None)])
     assert left["exists"] is False and left["last_changed"] is False, left["recap"][-2000:]
+
+
+def test_a_wheels_default_never_removes_a_folder_in_the_links_place(tmp_path):
+    """Only a link is removed: a folder where the link goes (someone's own CUDA) keeps all in it."""
+    folder = tmp_path / "cuda"
+    folder.mkdir()
+    (folder / "version.json").write_text("{}")
+    left = converge(tmp_path, [stack("tf2.18", "wheels", None)])
+    assert (folder / "version.json").exists() and left["last_changed"] is False, left["recap"][-2000:]
