@@ -67,7 +67,7 @@ def test_a_wrong_type_or_choice_is_named_as_the_role_would_name_it_with_where_to
     )
     assert rc != 0
     assert (
-        "value of nvidia_driver_method must be one of: auto, package, runfile, got: packages (nvidia_driver's options"
+        "value of nvidia_driver_method must be one of: auto, package, runfile, distribution, got: packages (nvidia_driver's options"
         in out
     )
     assert "tf_venv_pip_timeout" in out and "(tf_venv's options; fix it in the inventory" in out
